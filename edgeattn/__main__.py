@@ -1,0 +1,3 @@
+from edgeattn.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""The `edgeattn` command line: thin commands over the library API, loaded lazily."""

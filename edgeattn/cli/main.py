@@ -1,0 +1,71 @@
+"""edgeattn: take transformer models to Jetson (Orin, Thor) and H100-class GPUs.
+
+Stages, each usable alone: quantize / sparsify (PyTorch) -> export (ONNX with
+edgeattn::WindowedAttention) -> build (a bundle for cpu, rtx, orin, thor, h100) -> serve.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from edgeattn import __version__
+from edgeattn.errors import EdgeAttnError
+
+# name -> (module, function, one-line help). Modules are imported only when their command runs,
+# so `edgeattn --help` loads no torch, TensorRT or Triton.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "export": ("edgeattn.cli.export_cmd", "export", "Export a Hugging Face model (or a packaged one) to ONNX."),
+    "build": ("edgeattn.cli.build_cmd", "build", "Validate an ONNX model, rewrite it and build a bundle for a target."),
+    "bench": ("edgeattn.cli.bench_cmd", "bench", "Measure a bundle's latency percentiles and throughput."),
+    "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
+    "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
+}
+
+
+class UserError(click.ClickException):
+    """An EdgeAttnError at the CLI boundary: one line on stderr, the error's exit code, no traceback."""
+
+    def __init__(self, error: EdgeAttnError) -> None:
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except EdgeAttnError as exc:
+            raise UserError(exc) from None
+        except KeyboardInterrupt:
+            raise click.ClickException("interrupted; nothing was left half-written") from None
+
+
+@click.group(cls=LazyGroup, help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgeattn")
+def cli() -> None:
+    pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="edgeattn")
+
+
+if __name__ == "__main__":  # python -m edgeattn.cli.main
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Export a PyTorch / Hugging Face model to ONNX with named inputs, outputs and dynamic axes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeattn.errors import ConfigError, ModelError
+from edgeattn.optional import require
+
+EXPORTERS = ("dynamo", "torchscript")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    exporter: str = "dynamo"  # dynamo (torch.export) or torchscript (the legacy tracer)
+    opset: int = 18
+    batch: int = 2  # example batch used while tracing
+    seq_len: int = 16  # example sequence length used while tracing
+    attention: str = "native"  # native: the model's own attention; windowed: edgeattn::WindowedAttention
+
+    def __post_init__(self) -> None:
+        if self.exporter not in EXPORTERS:
+            raise ConfigError(f"exporter: expected one of {', '.join(EXPORTERS)}, found {self.exporter!r}")
+        if not 13 <= self.opset <= 23:
+            raise ConfigError(f"opset: expected 13 to 23, found {self.opset}")
+        if self.attention not in ("native", "windowed"):
+            raise ConfigError(f"attention: expected native or windowed, found {self.attention!r}")
+        if self.batch < 1 or self.seq_len < 2:
+            raise ConfigError(f"example shape: expected batch >= 1 and seq_len >= 2, found {self.batch}x{self.seq_len}")
+
+
+def _wrapper(model, kind: str):
+    """A module with plain tensor inputs and one named output: last_hidden_state or logits."""
+    torch = require("torch")
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    class Decoder(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    return (Decoder if kind == "decoder" else Encoder)(model).eval(), ("logits" if kind == "decoder" else "last_hidden_state")
+
+
+def export_module(model, kind: str, out: str | Path, config: ExportConfig = ExportConfig()) -> Path:
+    """Export a loaded Hugging Face model (encoder or causal LM) to `out`, atomically."""
+    torch = require("torch", "ONNX export")
+    out = Path(out)
+    wrapper, output_name = _wrapper(model, kind)
+    ids = torch.randint(0, 1000, (config.batch, config.seq_len), dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+               output_name: {0: "batch", 1: "seq"}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    os.close(fd)
+    try:
+        with torch.no_grad():
+            if config.exporter == "dynamo":
+                program = torch.onnx.export(wrapper, (ids, mask), dynamo=True, opset_version=config.opset,
+                                            input_names=["input_ids", "attention_mask"],
+                                            output_names=[output_name], dynamic_axes=dynamic,
+                                            optimize=True, verbose=False)
+                program.save(tmp)
+            else:
+                torch.onnx.export(wrapper, (ids, mask), tmp, dynamo=False, opset_version=config.opset,
+                                  input_names=["input_ids", "attention_mask"], output_names=[output_name],
+                                  dynamic_axes=dynamic)
+        os.replace(tmp, out)
+    except Exception as exc:
+        if isinstance(exc, ModelError):
+            raise
+        raise ModelError(f"export with the {config.exporter} exporter failed: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def export_hf(name_or_dir: str | Path, out: str | Path, config: ExportConfig = ExportConfig()) -> Path:
+    """Load a packaged alias or a Hugging Face folder and export it."""
+    from edgeattn import hf_models
+
+    model, _, kind = hf_models.load(name_or_dir)
+    return export_module(model, kind, out, config)

