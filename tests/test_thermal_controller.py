@@ -91,3 +91,18 @@ def test_thread_samples_at_the_rate_and_stops():
 def test_rate_outside_1_to_5_hz_is_refused():
     with pytest.raises(ConfigError, match="1-5 Hz"):
         ThermalController(BrokenSensor(), StepPolicy(), LiveWindow(), 512, hz=10)
+
+
+def test_thermal_runtime_and_cli_import_nothing_heavy():
+    import subprocess
+    import sys
+
+    modules = ["controller", "policies", "policy_file", "sensors_sysfs", "sensors_nvml", "sensors_replay",
+               "simulated_device", "fit", "simulate", "tune", "quality", "workload", "trace", "faults"]
+    code = ("import sys\n" + "".join(f"import edgeattn.runtime.thermal.{m}\n" for m in modules) +
+            "from edgeattn.cli.main import main\n"
+            "try:\n    main(['thermal', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorrt', 'tensorrt_rtx', "
+            "'triton', 'transformers', 'cuda', 'pynvml', 'matplotlib', 'scipy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

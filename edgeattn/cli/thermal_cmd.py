@@ -64,6 +64,8 @@ def fit(trace, as_json, out):
         click.echo(f"R = {result.r_c_per_w:.4g} C/W, C = {result.c_j_per_c:.4g} J/C, tau = {result.tau_s:.4g} s, "
                    f"ambient = {result.ambient_c:.2f} C, fit error (RMSE) = {result.rmse_c:.3f} C "
                    f"over {result.samples} samples / {result.duration_s:.0f} s")
+        for note in result.notes:
+            click.echo(f"note: {note}")
 
 
 def _model(path: Path):
@@ -109,9 +111,11 @@ def simulate(model_path, policy_path, workload, quality_path, seed, out):
 @click.option("--quality", "quality_path", type=click.Path(path_type=Path), help="Window -> quality table [default: shipped SmolLM2].")
 @click.option("--seeds", type=int, default=2, show_default=True, help="Sensor-noise seeds each candidate must survive.")
 @click.option("--max-changes-per-min", type=float, default=2.0, show_default=True)
+@click.option("--r-error", type=float, default=0.05, show_default=True,
+              help="Also require zero crossings on a device whose R is this fraction above the fit.")
 @click.option("--quick", is_flag=True, help="A small search grid (for smoke tests).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Policy file to write (.toml or .json).")
-def tune(model_path, workload, quality_path, seeds, max_changes_per_min, quick, out):
+def tune(model_path, workload, quality_path, seeds, max_changes_per_min, r_error, quick, out):
     """Search predictive-policy parameters: best quality-weighted throughput with zero trip crossings."""
     from edgeattn.runtime.thermal.policy_file import save_policy
     from edgeattn.runtime.thermal.quality import load_table
@@ -119,16 +123,17 @@ def tune(model_path, workload, quality_path, seeds, max_changes_per_min, quick, 
     from edgeattn.runtime.thermal.tune import tune as run
     from edgeattn.runtime.thermal.workload import load_workload
 
-    config = TuneConfig(seeds=tuple(range(seeds)), max_changes_per_min=max_changes_per_min)
+    r_errors = (0.0, r_error) if r_error else (0.0,)
+    config = TuneConfig(seeds=tuple(range(seeds)), r_errors=r_errors, max_changes_per_min=max_changes_per_min)
     if quick:
         config = TuneConfig(margins_c=(2.0, 5.0), horizons_s=(60.0,), min_holds_s=(30.0,), up_margins_c=(2.0,),
-                            level_sets=((1.0, 0.5, 0.25),), seeds=config.seeds,
+                            level_sets=((1.0, 0.5, 0.25),), seeds=config.seeds, r_errors=(0.0,),
                             max_changes_per_min=max_changes_per_min)
     model, load = _model(model_path), load_workload(workload)
     best, trials = run(model, load, load_table(quality_path), config)
     save_policy(best.policy, out, comment=f"tuned by edgeattn thermal tune on workload {load.name}: quality-weighted "
                 f"throughput {best.score:.4f}, mean window {best.mean_window:.3f}, {best.changes_per_min:.2f} changes/min, "
-                f"0 trip crossings over {len(config.seeds)} seeds ({len(trials)} candidates)")
+                f"0 trip crossings over {len(config.seeds)} seeds x R errors {list(config.r_errors)} ({len(trials)} candidates)")
     click.echo(f"best of {len(trials)}: quality-weighted throughput {best.score:.4f}, mean window {best.mean_window:.3f}, "
                f"{best.changes_per_min:.2f} changes/min, margin {best.policy.margin_c:g} C, horizon "
                f"{best.policy.horizon_s:g} s, levels {list(best.policy.levels)} -> {out}")

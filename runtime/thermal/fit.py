@@ -29,13 +29,14 @@ class FitResult:
     rmse_c: float
     samples: int
     duration_s: float
+    notes: tuple[str, ...] = ()  # what limits the fit (e.g. tau at the sampling interval)
 
     @property
     def model(self) -> RCModel:
         return RCModel(self.r_c_per_w, self.c_j_per_c, self.ambient_c)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "notes": list(self.notes)}
 
 
 def _clean(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -71,7 +72,7 @@ def fit_rc(trace: Trace) -> FitResult:
     optimize = require("scipy.optimize", "fitting the RC model (pip install scipy)")
     r0, tau0, amb0 = _start(t, temp, power)
     span = t[-1] - t[0]
-    tau0 = min(max(tau0, 1e-2 * span), 10 * span)
+    tau0 = min(max(tau0, 1e-2 * span, 0.5 * float(np.median(np.diff(t)))), 10 * span)
 
     def residual(p: np.ndarray) -> np.ndarray:
         r, log_tau, amb, t0 = p
@@ -79,14 +80,24 @@ def fit_rc(trace: Trace) -> FitResult:
         return model.simulate(t, power, t0) - temp
 
     x0 = np.array([max(r0, 1e-4), math.log(tau0), amb0, temp[0]])
-    lower = [1e-6, math.log(1e-3), -100.0, -100.0]
+    dt = float(np.median(np.diff(t)))
+    tau_min = 0.25 * dt  # faster responses are not observable at this sampling rate
+    lower = [1e-6, math.log(tau_min), -100.0, -100.0]
     upper = [1e3, math.log(100 * span + 1), 200.0, 200.0]
     sol = optimize.least_squares(residual, np.clip(x0, lower, upper), bounds=(lower, upper), x_scale="jac")
     r, log_tau, amb, _ = sol.x
     tau = math.exp(log_tau)
     rmse = float(np.sqrt(np.mean(sol.fun ** 2)))
+    notes = []
+    if tau < 2 * dt:
+        notes.append(f"tau {tau:.3g} s is below two sampling intervals ({dt:.3g} s): the temperature follows the "
+                     f"power faster than it is sampled (or the power reading lags); R and ambient (the steady "
+                     f"state) hold, tau only bounds the response from above")
+    if rmse > 1.0:
+        notes.append(f"fit error {rmse:.2f} C: the device is not one RC stage (or the power reading is averaged); "
+                     f"keep policy margins above this error")
     return FitResult(r_c_per_w=float(r), c_j_per_c=float(tau / r), tau_s=float(tau), ambient_c=float(amb),
-                     rmse_c=rmse, samples=len(t), duration_s=float(span))
+                     rmse_c=rmse, samples=len(t), duration_s=float(span), notes=tuple(notes))
 
 
 def load_model(data: dict, source: str = "model") -> RCModel:

@@ -3,7 +3,8 @@
 The shipped table (data/quality_smollm2.json) holds SmolLM2-135M perplexity per window with 4 sink
 tokens on held-out news text (gensim's lee.cor, 512-token chunks), measured by `measure_perplexity`
 with a plain PyTorch sliding-window+sinks mask registered as a transformers attention function (it does
-not depend on edgeattn's op). `quality(fraction)` = ppl(full) / ppl(window), interpolated in log2(window).
+not depend on edgeattn's op). `quality(fraction)` = ppl(full) / ppl(window), interpolated in log2(window), and never higher than at
+a larger window (differences inside measurement noise are not a reason to shrink).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class QualityTable:
             return 1.0
         xs = [math.log2(k) for k, _ in points] + [math.log2(self.max_window)]
         ys = [self._relative(v) for _, v in points] + [1.0]
+        for i in range(len(ys) - 2, -1, -1):  # a smaller window never counts as better (noise in the table)
+            ys[i] = min(ys[i], ys[i + 1])
         x = math.log2(w)
         if x <= xs[0]:
             return ys[0]

@@ -1,6 +1,7 @@
 """Search predictive-policy parameters for the highest quality-weighted throughput with zero trip crossings.
 
-Each candidate runs the workload on the simulated device for several sensor-noise seeds; it is eligible
+Each candidate runs the workload on the simulated device for several sensor-noise seeds, on the fitted
+model and on one whose R is `r_errors` higher (the policy keeps the fitted numbers); it is eligible
 only with no trip crossing in any seed and at most `max_changes_per_min` window changes per minute
 (default 2: one change per 30 s). The best eligible one wins; ties go to the larger mean window, then to
 fewer window changes.
@@ -29,11 +30,14 @@ class TuneConfig:
     up_margins_c: tuple[float, ...] = (1.0, 3.0)
     level_sets: tuple[tuple[float, ...], ...] = LEVEL_SETS
     seeds: tuple[int, ...] = (0, 1)
+    r_errors: tuple[float, ...] = (0.0, 0.05)  # also run on a device whose R is this much above the fit
     max_changes_per_min: float = 2.0
 
     def __post_init__(self) -> None:
         if not all((self.margins_c, self.horizons_s, self.min_holds_s, self.up_margins_c, self.level_sets, self.seeds)):
             raise ConfigError("tune: every search axis needs at least one value")
+        if not self.r_errors or any(not -0.5 < e < 1.0 for e in self.r_errors):
+            raise ConfigError(f"r_errors: expected values in (-0.5, 1), found {self.r_errors}")
         if self.max_changes_per_min <= 0:
             raise ConfigError(f"max_changes_per_min: expected > 0, found {self.max_changes_per_min}")
 
@@ -75,8 +79,9 @@ def tune(model: RCModel, workload: Workload, quality: QualityTable, config: Tune
     """(best eligible trial, all trials). Raises InputError when no candidate avoids the trip point."""
     trials = []
     for policy in candidates(model, workload, config):
-        trials.append(Trial(policy, tuple(simulate(model, policy, workload, quality, seed=s).summary
-                                          for s in config.seeds)))
+        devices = [RCModel(model.r_c_per_w * (1 + e), model.c_j_per_c, model.ambient_c) for e in config.r_errors]
+        trials.append(Trial(policy, tuple(simulate(device, policy, workload, quality, seed=s).summary
+                                          for s in config.seeds for device in devices)))
         if progress:
             progress(trials[-1])
     ok = [t for t in trials if t.crossings == 0 and t.changes_per_min <= config.max_changes_per_min]
