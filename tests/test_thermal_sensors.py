@@ -144,3 +144,17 @@ def test_replay_follows_the_clock(tmp_path):
         got.append((r.temp_c, r.power_w, r.throttle, bool(r.faults)))
     assert got == [(50.0, 10.0, False, False), (60.0, 20.0, False, False), (None, 20.0, False, True),
                    (99.5, 30.0, True, False), (99.5, 30.0, True, False)]
+
+
+def test_open_sensor_by_name(tmp_path, monkeypatch):
+    import sys
+
+    from edgeattn.errors import ConfigError
+    from edgeattn.runtime.thermal.sensors import open_sensor
+
+    (tmp_path / "t.csv").write_text("t,temp_c,power_w\n0,50,10\n")
+    assert isinstance(open_sensor(f"replay:{tmp_path / 't.csv'}"), ReplaySensor)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([50]))
+    assert isinstance(open_sensor("nvml"), NvmlSensor)
+    with pytest.raises(ConfigError, match="expected auto, sysfs, nvml"):
+        open_sensor("ipmi")

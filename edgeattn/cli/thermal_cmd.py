@@ -13,19 +13,6 @@ def thermal():
     """Thermal-aware runtime: record sensor traces, fit the device's RC model, simulate and tune policies."""
 
 
-def open_sensor(source: str, gpu: int = 0):
-    """auto: Jetson sysfs zones when present, else NVML."""
-    from edgeattn.runtime.thermal.sensors_sysfs import THERMAL_ROOT
-
-    if source == "sysfs" or (source == "auto" and any(THERMAL_ROOT.glob("thermal_zone*"))):
-        from edgeattn.runtime.thermal.sensors_sysfs import SysfsSensor
-
-        return SysfsSensor()
-    from edgeattn.runtime.thermal.sensors_nvml import NvmlSensor
-
-    return NvmlSensor(gpu)
-
-
 @thermal.command()
 @click.option("--source", type=click.Choice(["auto", "sysfs", "nvml"]), default="auto", show_default=True)
 @click.option("--seconds", type=float, required=True, help="How long to record.")
@@ -34,6 +21,7 @@ def open_sensor(source: str, gpu: int = 0):
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Trace CSV (t, temp_c, power_w, ...).")
 def record(source, seconds, hz, gpu, out):
     """Record temperature, power, clocks and throttle state to a CSV trace."""
+    from edgeattn.runtime.thermal.sensors import open_sensor
     from edgeattn.runtime.thermal.trace import record as run_record
 
     sensor = open_sensor(source, gpu)
