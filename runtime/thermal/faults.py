@@ -32,10 +32,13 @@ class FaultConfig:
             raise ConfigError(f"stale_s: expected >= 0, found {self.stale_s}")
 
 
+DEFAULT_FAULTS = FaultConfig()
+
+
 class ZoneGuard:
     """Checks one zone's raw values; `check` returns (value to use or None, fault text or None)."""
 
-    def __init__(self, name: str, config: FaultConfig = FaultConfig()) -> None:
+    def __init__(self, name: str, config: FaultConfig = DEFAULT_FAULTS) -> None:
         self.name = name
         self.config = config
         self._last_raw: object = None

@@ -12,7 +12,7 @@ from types import ModuleType
 
 from edgeattn.errors import InputError
 from edgeattn.optional import require
-from edgeattn.runtime.thermal.faults import FaultConfig, ZoneGuard
+from edgeattn.runtime.thermal.faults import DEFAULT_FAULTS, FaultConfig, ZoneGuard
 from edgeattn.runtime.thermal.readings import Reading
 
 SW_THERMAL = 0x20
@@ -20,7 +20,7 @@ HW_THERMAL = 0x40
 
 
 class NvmlSensor:
-    def __init__(self, index: int = 0, nvml: ModuleType | None = None, faults: FaultConfig = FaultConfig(),
+    def __init__(self, index: int = 0, nvml: ModuleType | None = None, faults: FaultConfig = DEFAULT_FAULTS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.nvml = nvml or require("pynvml", "reading GPU temperature and power (pip install nvidia-ml-py)")
         self.clock = clock

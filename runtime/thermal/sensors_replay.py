@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeattn.runtime.thermal.faults import FaultConfig, ZoneGuard
+from edgeattn.runtime.thermal.faults import DEFAULT_FAULTS, FaultConfig, ZoneGuard
 from edgeattn.runtime.thermal.readings import Reading
 from edgeattn.runtime.thermal.trace import read_trace
 
 
 class ReplaySensor:
     def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic, trip_c: float | None = None,
-                 loop: bool = False, faults: FaultConfig = FaultConfig()) -> None:
+                 loop: bool = False, faults: FaultConfig = DEFAULT_FAULTS) -> None:
         self.trace = read_trace(path)
         self.clock, self.trip_c, self.loop = clock, trip_c, loop
         self._t0 = clock()

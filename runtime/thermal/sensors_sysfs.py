@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from edgeattn.errors import InputError
-from edgeattn.runtime.thermal.faults import FaultConfig, ZoneGuard
+from edgeattn.runtime.thermal.faults import DEFAULT_FAULTS, FaultConfig, ZoneGuard
 from edgeattn.runtime.thermal.readings import Reading
 
 THERMAL_ROOT = Path("/sys/devices/virtual/thermal")
@@ -40,7 +40,7 @@ def _milli(raw: object) -> object:
 
 class SysfsSensor:
     def __init__(self, root: Path = THERMAL_ROOT, hwmon_root: Path = HWMON_ROOT, zones: Sequence[str] | None = None,
-                 faults: FaultConfig = FaultConfig(), clock: Callable[[], float] = time.monotonic) -> None:
+                 faults: FaultConfig = DEFAULT_FAULTS, clock: Callable[[], float] = time.monotonic) -> None:
         self.root, self.hwmon_root, self.clock = Path(root), Path(hwmon_root), clock
         found: dict[str, Path] = {}
         for d in sorted(self.root.glob("thermal_zone*")):
