@@ -98,7 +98,8 @@ def test_thermal_runtime_and_cli_import_nothing_heavy():
     import sys
 
     modules = ["controller", "policies", "policy_file", "sensors_sysfs", "sensors_nvml", "sensors_replay",
-               "simulated_device", "fit", "simulate", "tune", "quality", "workload", "trace", "faults"]
+               "simulated_device", "fit", "simulate", "tune", "quality", "workload", "trace", "faults", "metrics",
+               "sensors"]
     code = ("import sys\n" + "".join(f"import edgeattn.runtime.thermal.{m}\n" for m in modules) +
             "from edgeattn.cli.main import main\n"
             "try:\n    main(['thermal', '--help'])\nexcept SystemExit:\n    pass\n"
@@ -106,3 +107,22 @@ def test_thermal_runtime_and_cli_import_nothing_heavy():
             "'triton', 'transformers', 'cuda', 'pynvml', 'matplotlib', 'scipy')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_prometheus_collector_exports_temperature_window_and_faults():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from edgeattn.runtime.thermal.metrics import ThermalCollector
+
+    device = SimulatedDevice(MODEL, temp0_c=80.0)
+    window = LiveWindow(0, max_window=512)
+    c = ThermalController(device, StepPolicy(), window, 512, clock=device.clock)
+    c.step()
+    c.fault_counts["gpu0: invalid -256 C"] += 2
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(ThermalCollector(c))
+    text = prometheus_client.generate_latest(registry).decode()
+    assert 'edgeattn_thermal_temperature_celsius{zone="sim"} 80.0' in text
+    assert "edgeattn_attention_window 256.0" in text and "edgeattn_attention_window_fraction 0.5" in text
+    assert "edgeattn_thermal_throttle 0.0" in text and "edgeattn_thermal_trip_celsius 99.0" in text
+    assert "edgeattn_thermal_window_changes_total 1.0" in text
+    assert 'edgeattn_thermal_sensor_faults_total{fault="gpu0: invalid -256 C"} 2.0' in text

@@ -81,12 +81,17 @@ def test_missing_zone_and_read_error(orin):
     assert r.temp_c is None and any("read error (IsADirectoryError" in f for f in r.faults)
 
 
-def test_stuck_zone_is_detected():
-    guard = ZoneGuard("gpu", FaultConfig(stuck_reads=5))
-    results = [guard.check("70.5", float(t)) for t in range(6)]
-    assert all(f is None for _, f in results[:4])
-    assert results[4][1].startswith("gpu: stuck at 70.5 C for 5 reads")
-    assert guard.check("70.6", 6.0) == (70.6, None)
+def test_stuck_zone_is_detected_when_power_moves_but_the_value_does_not():
+    guard = ZoneGuard("gpu", FaultConfig(stuck_s=60.0))
+    steady = [guard.check("70.5", float(t), 300.0)[1] for t in range(0, 400, 10)]
+    assert steady == [None] * 40  # steady load: an integer sensor may repeat for minutes
+    guard = ZoneGuard("gpu", FaultConfig(stuck_s=60.0))
+    faults = [guard.check("70.5", float(t), 300.0 if t < 30 else 100.0)[1] for t in range(0, 90, 10)]
+    assert faults[:6] == [None] * 6 and faults[6] == "gpu: stuck at 70.5 C for 60 s"  # 300 -> 100 W, no change
+    assert guard.check("70.6", 90.0, 100.0) == (70.6, None)
+    no_power = ZoneGuard("gpu", FaultConfig(stuck_s=60.0))
+    faults = [no_power.check("70.5", float(t))[1] for t in (0, 200, 240)]
+    assert faults[:2] == [None, None] and faults[2] == "gpu: stuck at 70.5 C for 240 s"
 
 
 def test_no_valid_temperature_sends_every_policy_to_the_smallest_window(orin):

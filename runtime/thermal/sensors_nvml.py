@@ -52,8 +52,8 @@ class NvmlSensor:
             raw: object = self.nvml.nvmlDeviceGetTemperature(self.handle, self.nvml.NVML_TEMPERATURE_GPU)
         except self.nvml.NVMLError as exc:
             raw = exc
-        value, fault = self._guard.check(raw, t)
         power_mw = self._optional(self.nvml.nvmlDeviceGetPowerUsage, self.handle)
+        value, fault = self._guard.check(raw, t, power_mw / 1000.0 if power_mw is not None else None)
         clock = self._optional(self.nvml.nvmlDeviceGetClockInfo, self.handle, self.nvml.NVML_CLOCK_SM)
         reasons = self._reasons()
         return Reading(t=t, temps={self.zone: value} if value is not None else {},

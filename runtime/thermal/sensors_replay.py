@@ -32,7 +32,8 @@ class ReplaySensor:
         i = min(int(np.searchsorted(t, elapsed, side="right")) - 1, len(t) - 1)
         i = max(i, 0)
         temp, power = self.trace["temp_c"][i], self.trace["power_w"][i]
-        value, fault = self._guard.check(None if math.isnan(temp) else float(temp), now)
+        value, fault = self._guard.check(None if math.isnan(temp) else float(temp), now,
+                                         None if math.isnan(power) else float(power))
         throttle = "throttle" in self.trace.columns and self.trace["throttle"][i] == 1
         return Reading(t=now, temps={self.zone: value} if value is not None else {},
                        power_w=None if math.isnan(power) else float(power), throttle=bool(throttle),

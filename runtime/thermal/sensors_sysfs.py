@@ -95,15 +95,16 @@ class SysfsSensor:
 
     def read(self) -> Reading:
         t = self.clock()
+        power = self._power()
         temps, faults = {}, []
         for name, d in self._dirs.items():
             raw = _milli(_read_text(d / "temp")) if d is not None else None
-            value, fault = self._guards[name].check(raw, t)
+            value, fault = self._guards[name].check(raw, t, power)
             if value is not None:
                 temps[name] = value
             if fault:
                 faults.append(fault)
-        return Reading(t=t, temps=temps, power_w=self._power(), trip_c=self.trip_c, faults=tuple(faults),
+        return Reading(t=t, temps=temps, power_w=power, trip_c=self.trip_c, faults=tuple(faults),
                        throttle=self.trip_c is not None and bool(temps) and max(temps.values()) >= self.trip_c)
 
     def close(self) -> None:
