@@ -38,7 +38,7 @@ def main() -> None:
     show(table)
     print(f"measured on {args.chunks} x 512 held-out tokens in {time.perf_counter() - start:.0f} s")
     if args.write:
-        path = resources.files("edgeattn.runtime.thermal").joinpath("data", DEFAULT_TABLE)
+        path = resources.files("edgeattn.runtime.thermal").joinpath(DEFAULT_TABLE)
         data = {**table.to_dict(), "text": f"gensim lee.cor, {args.chunks} chunks of 512 tokens"}
         from pathlib import Path
 

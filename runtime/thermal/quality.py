@@ -1,6 +1,6 @@
 """Window -> quality: how much a smaller attention window costs, per model.
 
-The shipped table (data/quality_smollm2.json) holds SmolLM2-135M perplexity per window with 4 sink
+The shipped table (quality_smollm2.json, package data) holds SmolLM2-135M perplexity per window with 4 sink
 tokens on held-out news text (gensim's lee.cor, 512-token chunks), measured by `measure_perplexity`
 with a plain PyTorch sliding-window+sinks mask registered as a transformers attention function (it does
 not depend on edgeattn's op). `quality(fraction)` = ppl(full) / ppl(window), interpolated in log2(window), and never higher than at
@@ -69,7 +69,7 @@ def table_from_dict(data: dict, source: str = "quality table") -> QualityTable:
 def load_table(path: Path | None = None) -> QualityTable:
     """The given JSON table, or the one shipped in the package."""
     if path is None:
-        text = resources.files("edgeattn.runtime.thermal").joinpath("data", DEFAULT_TABLE).read_text()
+        text = resources.files("edgeattn.runtime.thermal").joinpath(DEFAULT_TABLE).read_text()
         return table_from_dict(json.loads(text), DEFAULT_TABLE)
     path = Path(path)
     if not path.is_file():
