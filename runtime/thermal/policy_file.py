@@ -1,0 +1,87 @@
+"""Policy files: TOML (tomllib), YAML (PyYAML, when installed) or JSON; flat keys or a [policy] table.
+
+    kind = "step"                     kind = "predictive"
+    levels = [1.0, 0.5, 0.25]         r_c_per_w = 2.0
+    thresholds_c = [75, 85]           tau_s = 120.0
+    hysteresis_c = 3                  margin_c = 6 ...
+    min_hold_s = 10
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from edgeattn import atomic
+from edgeattn.errors import ConfigError, InputError
+from edgeattn.optional import require
+from edgeattn.runtime.thermal.policies import Policy, PredictivePolicy, StepPolicy
+
+KINDS: dict[str, type] = {"step": StepPolicy, "predictive": PredictivePolicy}
+
+
+def _parse(path: Path) -> dict:
+    text = path.read_text()
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            return tomllib.loads(text)
+        if suffix in (".yaml", ".yml"):
+            return require("yaml", "reading YAML policy files (pip install pyyaml)").safe_load(text) or {}
+        if suffix == ".json":
+            return json.loads(text)
+    except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+        raise InputError(f"policy {path}: cannot parse: {exc}") from exc
+    raise InputError(f"policy {path}: expected a .toml, .yaml/.yml or .json file, found {suffix or 'no suffix'!r}")
+
+
+def policy_from_dict(data: dict, source: str = "policy") -> Policy:
+    data = dict(data.get("policy", data))
+    kind = data.pop("kind", None)
+    if kind not in KINDS:
+        raise ConfigError(f"{source}: expected kind = one of {', '.join(KINDS)}, found {kind!r}")
+    cls = KINDS[kind]
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{source}: unknown keys for a {kind} policy: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    for key in ("levels", "thresholds_c"):
+        if key in data:
+            data[key] = tuple(float(v) for v in data[key])
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def load_policy(path: Path) -> Policy:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"policy {path}: file not found")
+    return policy_from_dict(_parse(path), str(path))
+
+
+def policy_to_dict(policy: Policy) -> dict:
+    return {"kind": policy.kind, **dataclasses.asdict(policy)}
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def save_policy(policy: Policy, path: Path, comment: str = "") -> None:
+    """Write TOML (or JSON for a .json path) atomically."""
+    path = Path(path)
+    data = policy_to_dict(policy)
+    if path.suffix.lower() == ".json":
+        atomic.write_text(path, json.dumps(data, indent=2) + "\n")
+        return
+    lines = [f"# {line}" for line in comment.splitlines()] + [f"{k} = {_toml_value(v)}" for k, v in data.items()]
+    atomic.write_text(path, "\n".join(lines) + "\n")
