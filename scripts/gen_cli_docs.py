@@ -12,12 +12,13 @@ from edgeattn.cli.main import cli
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 
 
-def _help(command: click.Command, path: list[str]) -> list[str]:
-    ctx = click.Context(command, info_name=" ".join(path), terminal_width=88, max_content_width=88)
+def _help(command: click.Command, path: list[str], parent: click.Context | None = None) -> list[str]:
+    ctx = click.Context(command, info_name=path[-1], parent=parent, terminal_width=88, max_content_width=88,
+                        **command.context_settings)
     out = [f"## `{' '.join(path)}`", "", "```text", command.get_help(ctx).rstrip(), "```", ""]
     if isinstance(command, click.Group):
         for name in command.list_commands(ctx):
-            out += _help(command.get_command(ctx, name), path + [name])
+            out += _help(command.get_command(ctx, name), path + [name], ctx)
     return out
 
 
