@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("edgeattn.cli.bench_cmd", "bench", "Measure a bundle's latency percentiles and throughput."),
     "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
     "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
+    "kernels": ("edgeattn.cli.kernels_cmd", "kernels", "Compile the windowed-attention Triton kernels ahead of time."),
 }
 
 
