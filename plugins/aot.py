@@ -185,6 +185,36 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
                           ptx=kernel.asm["ptx"], cubin=bytes(kernel.asm["cubin"]))
 
 
+def _cdiv(x, m: int):
+    return (x + (m - 1)) // m
+
+
+def prefill_launch(kernel: CompiledKernel, q_shape, k_shape) -> tuple[tuple, list]:
+    """Grid and int32 scalar arguments (in `kernel.params` order) of a contiguous prefill launch.
+
+    Shapes may hold ints or symbolic expressions (TensorRT `shape_expr` entries): only +, *, // are used.
+    q_shape: [B, H, S_q, D]; k_shape: [B, H_kv, S_k, D]. Pointers (Q, K, V, Window, Out) are not included:
+    the launcher passes them in the order of `kernel.params`.
+    """
+    if not kernel.variant.startswith("prefill"):
+        raise ConfigError(f"prefill_launch: expected a prefill kernel, found {kernel.variant}")
+    b, h, s_q, d = q_shape
+    _, h_kv, s_k, _ = k_shape
+    q_strides = (h * s_q * d, s_q * d, d)
+    k_strides = (h_kv * s_k * d, s_k * d, d)
+    values = dict(zip(("stride_qb", "stride_qh", "stride_qm"), q_strides))
+    values.update(zip(("stride_kb", "stride_kh", "stride_kn"), k_strides))
+    values.update(zip(("stride_vb", "stride_vh", "stride_vn"), k_strides))
+    values.update(zip(("stride_ob", "stride_oh", "stride_om"), q_strides))
+    values.update(H=h, GROUP=h // h_kv, S_q=s_q, S_k=s_k)
+    scalars = [values[name] for name in kernel.params if name in values]
+    missing = [n for n in kernel.params if n not in values and n not in ("Q", "K", "V", "Window", "Out")]
+    if missing:
+        raise ConfigError(f"prefill_launch: parameters {missing} have no value; compile with sinks and scale fixed")
+    grid = (_cdiv(s_q, kernel.constexprs["BLOCK_M"]), b * h, 1)
+    return grid, scalars
+
+
 def compile_all(config: CompileConfig) -> dict:
     """Write `<variant>.<arch>.ptx` / `.cubin` for every variant and arch, and `index.json`; returns the index."""
     from edgeattn import atomic
@@ -207,4 +237,4 @@ def compile_all(config: CompileConfig) -> dict:
 
 
 __all__ = ["ARCHS", "CompileConfig", "CompiledKernel", "KernelVariant", "compile_all", "compile_variant",
-           "default_variants"]
+           "default_variants", "prefill_launch"]
