@@ -26,8 +26,11 @@ from edgeattn.plugins import triton_attention as ta
 DT = torch.bfloat16
 PREFILL_SHAPES = [(4, 16, 8192, 64), (4, 16, 8192, 128), (1, 32, 32768, 128)]  # B, H, S, D
 WINDOWS = [0, 4096, 1024, 256]  # 0 = full
-SWEEP_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]
-SWEEP_MODES = [(False, False), (False, True), (True, True)]  # (use_tma, one_loop)
+SWEEP_TILES = {  # head dim -> (BLOCK_M, BLOCK_N, num_warps, num_stages) candidates
+    64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 4, 3), (64, 32, 4, 3), (128, 128, 8, 3)],
+    128: [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2)],
+}
+SWEEP_MODES = [(False, True)]  # (use_tma, one_loop): TMA and per-region loops lost in the first sweeps
 
 
 def ms(fn) -> float:
@@ -87,19 +90,20 @@ def correctness() -> float:
 
 
 def sweep(shapes) -> dict:
-    """Time each (tile, TMA) on the full, 1024 and 256 windows; pick per head dim the lowest sum of
+    """Time each candidate tile on the full, 1024 and 256 windows; pick per head dim the lowest sum of
     time / best time over the three windows. Returns {D: (tile, use_tma, one_loop)}."""
     best = {}
     windows = (0, 1024, 256)
     for b, h, s, d in shapes:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=DT) for _ in range(3))
         times = {}
-        for tile in SWEEP_TILES:
+        wts = {w: torch.tensor(w, device="cuda") for w in windows}
+        for tile in SWEEP_TILES[d]:
             for tma, one in SWEEP_MODES:
                 key = (tile, tma, one)
                 try:
-                    times[key] = [ms(lambda: ta.windowed_prefill(q, k, v, torch.tensor(w, device="cuda"), tile=tile,
-                                                                 use_tma=tma, one_loop=one)) for w in windows]
+                    times[key] = [ms(lambda: ta.windowed_prefill(q, k, v, wts[w], tile=tile, use_tma=tma, one_loop=one))
+                                  for w in windows]
                 except Exception as exc:  # out of resources for this tile: skip it
                     print(f"  tile {tile} tma={tma:d} one_loop={one:d} d={d}: {type(exc).__name__}: "
                           f"{str(exc)[:200]}", flush=True)
@@ -221,10 +225,11 @@ def verdict(err, rows, dec, ceiling) -> None:
             check(f"time follows window S={r['s']} D={r['d']} W={r['window']}", lhs <= rhs,
                   f"t(W)/t(full) = {lhs:.3f} (issue: <= 1.25 W/S = {rhs:.3f}; attended-pair ratio "
                   f"{work:.3f}, so t ratio / work ratio = {lhs / work:.2f})")
-    best = max(dec, key=lambda r: r["fraction"]) if dec else None
-    if best:
-        check("decode KV read rate", best["fraction"] >= 0.6,
-              f"{best['tbps']:.2f} TB/s = {best['fraction']:.0%} of {ceiling:.2f} TB/s (B={best['b']}, W={best['window']})")
+    big = max((r["b"] for r in dec), default=None)  # the batch that fills the chip
+    for r in dec:
+        if r["b"] == big:
+            check(f"decode KV read rate B={r['b']} W={r['window']}", r["fraction"] >= 0.6,
+                  f"{r['tbps']:.2f} TB/s = {r['fraction']:.0%} of the {ceiling:.2f} TB/s copy ceiling (>= 60%)")
     check("max abs error bf16", err <= 2e-2, f"{err:.2e} (<= 2e-2)")
     print(f"overall: {'PASS' if ok_all else 'FAIL'}")
 
