@@ -18,19 +18,20 @@ LOG2E = 1.4426950408889634  # 1 / ln 2
 # exp2(NEG_BIG - NEG_BIG) = 1 rather than NaN. Masked scores themselves are -inf (weight exactly 0).
 NEG_BIG = tl.constexpr(-1.0e30)
 
-# Tuned tile shapes per (compute capability major*10+minor, head dim): BLOCK_M, BLOCK_N, num_warps,
-# num_stages. sm_90 values come from the H200 sweep in benchmarks/attention_h200.py (docs/kernels.md);
-# sm_87 / sm_110 values are conservative (Orin has 164 KiB shared memory per SM, like sm_80).
+# Tile shapes per (compute capability, head dim): BLOCK_M, BLOCK_N, num_warps, num_stages. sm_90: the
+# winners of the H200 sweep in benchmarks/attention_h200.py (docs/kernels.md; 64x64 tiles waste the least
+# work at the window's edges and tied the larger tiles at full window). sm_87 / sm_110: not measured;
+# conservative (Orin has 164 KiB of shared memory per SM, like sm_80).
 PREFILL_TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    (90, 64): (128, 64, 4, 3),
-    (90, 128): (128, 64, 8, 3),
+    (90, 64): (64, 64, 4, 3),
+    (90, 128): (64, 64, 4, 3),
     (87, 64): (64, 64, 4, 3),
     (87, 128): (64, 64, 4, 2),
-    (110, 64): (128, 64, 4, 3),
-    (110, 128): (128, 64, 8, 2),
+    (110, 64): (64, 64, 4, 3),
+    (110, 128): (64, 64, 4, 3),
 }
-# Load K/V through Hopper tensor descriptors (TMA) in the JIT path; AOT builds never do (TensorRT
-# launches give no scratch allocator, and sm_87 has no TMA).
+# Load K/V through Hopper tensor descriptors (TMA) in the JIT path: off, it lost to plain loads in the
+# H200 sweep. AOT builds never use it (TensorRT launches give no scratch allocator; sm_87 has no TMA).
 PREFILL_TMA: dict[int, bool] = {90: False}
 DECODE_BLOCK_N = 64
 DECODE_MAX_QUERIES = 16  # S_q at or below this (per kv head: group * S_q <= 64) takes the decode path
