@@ -140,6 +140,16 @@ def _kernel_and_constexprs(variant: KernelVariant, arch: int):
     return ta._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
 
 
+def _arch_number(arch: str | int) -> int:
+    """`"sm_87"` / `"sm_90a"` / `90` -> 87 / 90 / 90."""
+    if isinstance(arch, int):
+        return arch
+    found = re.fullmatch(r"sm_(\d+)a?", arch)
+    if not found:
+        raise ConfigError(f"arch: expected a name like sm_87 or a number like 90, found {arch!r}")
+    return int(found.group(1))
+
+
 def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int | None = None) -> CompiledKernel:
     """Compile one variant for one arch (`"sm_87"`, `90`, ...) with no GPU: PTX, cubin and metadata."""
     from edgeattn.optional import require
@@ -148,7 +158,7 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    arch_num = ARCHS[arch] if isinstance(arch, str) else int(arch)
+    arch_num = _arch_number(arch)
     fn, const, warps, stages, grid = _kernel_and_constexprs(variant, arch_num)
     if not variant.has_pad and "Mask" in fn.arg_names:
         const.update(Mask=None, stride_mb=0)  # no padding input: the pointer disappears from the signature

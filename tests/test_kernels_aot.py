@@ -81,3 +81,22 @@ def test_bad_arch_is_a_user_error(runner, tmp_path):
 def test_unmatched_only_is_a_user_error(runner, tmp_path):
     result = runner.invoke(cli, ["kernels", "compile", "--out", str(tmp_path / "k"), "--only", "nothing-*"])
     assert result.exit_code == 2 and "matched none" in result.output
+
+
+@pytest.mark.skipif(has("tensorrt"), reason="full TensorRT is installed: registration would succeed")
+def test_tensorrt_plugin_without_tensorrt_says_how_to_install():
+    from edgeattn.errors import MissingDependencyError
+    from edgeattn.plugins.trt_aot_plugin import register
+
+    with pytest.raises(MissingDependencyError, match="install TensorRT from JetPack"):
+        register()
+
+
+def test_compile_variant_takes_any_arch_name_for_other_launchers():
+    from edgeattn.errors import ConfigError
+    from edgeattn.plugins.aot import KernelVariant, compile_variant
+
+    kernel = compile_variant(KernelVariant("decode_reduce", "fp16", 64), "sm_89")  # an RTX (Ada) GPU
+    assert ".target sm_89" in kernel.ptx and kernel.arch == "sm_89"
+    with pytest.raises(ConfigError, match="sm_87"):
+        compile_variant(KernelVariant("decode_reduce", "fp16", 64), "ampere")
