@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
     "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
     "thermal": ("edgeattn.cli.thermal_cmd", "thermal", "Record thermal traces, fit the RC model, simulate and tune window policies."),
+    "kernels": ("edgeattn.cli.kernels_cmd", "kernels", "Compile the windowed-attention Triton kernels ahead of time."),
 }
 
 

@@ -1,0 +1,34 @@
+"""The Triton kernels on a CUDA GPU with real shapes (bf16), against the PyTorch reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnx_fixtures import has
+
+
+def _cuda() -> bool:
+    if not has("torch"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")]
+
+
+@pytest.mark.parametrize("s_q,s_k,window,sinks,causal", [(4097, 4097, 1000, 4, True), (3001, 3001, 257, 3, False),
+                                                         (1, 5001, 1024, 4, True), (3, 5001, 0, 0, True)])
+def test_bf16_real_shapes(s_q, s_k, window, sinks, causal):
+    import torch
+
+    import edgeattn.plugins.torch_ops  # noqa: F401
+    from edgeattn.attention.reference import windowed_attention_torch
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 16, s_q, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4, s_k, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = torch.ops.edgeattn.windowed_attention(q, k, v, torch.tensor(window, device="cuda"), sinks, causal, 0.0, None)
+    ref = windowed_attention_torch(q.float(), k.float(), v.float(), window, sinks=sinks, causal=causal)
+    assert (out.float() - ref).abs().max().item() <= 2e-2
