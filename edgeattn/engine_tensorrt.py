@@ -56,7 +56,10 @@ def prepare_onnx(model_path: Path, out: Path, target, precision: str) -> dict:
     why_not = "" if target.attention_plugin else f"target {target.name} has no attention plugin"
     attention = attention_mapping.map_attention(model, target.attention_plugin, why_not)
     softmaxes = sum(1 for n in model.graph.all_nodes() if n.op_type == "Softmax")
-    compute_nodes = [n.name for n in model.graph.all_nodes() if n.op_type in ("MatMul", "Gemm", "Conv")]
+    body_nodes = [n for f in model.functions.values() for n in f]
+    # the parser names unnamed nodes (function bodies) node_of_<first output>
+    compute_nodes = [n.name or f"node_of_{n.outputs[0].name}" for n in [*model.graph.all_nodes(), *body_nodes]
+                     if n.op_type in ("MatMul", "Gemm", "Conv")]
     cast = None
     if FLOAT_TYPE[precision]:
         from edgeattn.float_cast import cast_float_parts
