@@ -38,6 +38,9 @@ class CastResult:
 def _to_type(tensor: ir.TensorProtocol, dtype: ir.DataType, name: str) -> ir.Tensor:
     array = tensor.numpy().astype(np.float32)
     if dtype == ir.DataType.FLOAT16:
+        # finite values beyond fp16's range (e.g. -3.4e38 mask fillers) saturate instead of becoming inf
+        limit = float(np.finfo(np.float16).max)
+        array = np.where(np.isfinite(array), np.clip(array, -limit, limit), array)
         return ir.tensor(array.astype(np.float16), name=name)
     import ml_dtypes
 

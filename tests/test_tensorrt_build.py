@@ -125,10 +125,12 @@ def test_precision_the_target_lacks_is_refused_with_the_reason(tmp_path, runner)
     assert "target 'orin-agx' has no fp8 support" in result.stderr
 
 
+@pytest.mark.rtx
+@pytest.mark.skipif(not has("tensorrt_rtx"), reason="needs tensorrt-rtx")
 def test_fp16_on_old_opset_qdq_is_refused(tmp_path):
     with pytest.raises(BuildError, match="needs opset >= 19"):
-        _build(tmp_path, fx.int8_qdq(opset=13), "w8a8_13", "cpu" if not has("tensorrt_rtx") else "rtx",
-               precision="fp16")
+        _build(tmp_path, fx.int8_qdq(opset=13), "w8a8_13", "rtx", precision="fp16")
+    assert not (tmp_path / "w8a8_13.edgeattn").exists()
 
 
 @pytest.mark.rtx
