@@ -92,9 +92,10 @@ def run(job: dict) -> dict:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
     rows, source = trt_layers.from_log("\n".join(lines)), "detailed build log (no GPU)"
-    if job.get("inspect") and _gpu_present():
+    if job.get("inspect") and _gpu_present():  # only with a GPU: a CUDA-less runtime can crash the process
         engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
-        rows, source = trt_layers.from_inspector(adapter.inspector_layers(trt, engine)), "engine inspector"
+        if engine is not None:  # e.g. an rtx engine on a GPU it was not built for: keep the log's rows
+            rows, source = trt_layers.from_inspector(adapter.inspector_layers(trt, engine)), "engine inspector"
     result.update(ok=True, layers=rows, layer_source=source,
                   warnings=[ln for ln in lines if ln.startswith("WARNING")][:50])
     return result
