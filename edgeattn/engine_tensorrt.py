@@ -117,7 +117,7 @@ def _run_worker(job: dict, fl: adapter.Flavor, workdir: Path) -> dict:
     return result
 
 
-def _problems(prep: dict, result: dict, rows: list[dict], summary: dict, precision: str, target) -> list[str]:
+def _problems(prep: dict, result: dict, summary: dict, precision: str, target) -> list[str]:
     problems = []
     plugin_layers = {la["name"] for la in result.get("network_layers", []) if la["type"].startswith("PLUGIN")}
     for rec in prep["attention"]:
@@ -163,7 +163,7 @@ def build_artifact(model_path: Path, staging: Path, target, config, shape_plan) 
     rows = result["layers"]
     trt_layers.mark_compute(rows, set(prep["compute_nodes"]))
     summary = trt_layers.summarize(rows)
-    problems = _problems(prep, result, rows, summary, config.precision, target)
+    problems = _problems(prep, result, summary, config.precision, target)
     details = {
         "library": fl.label, "version": result["version"], "build_seconds": result["build_seconds"],
         "engine_bytes": result["engine_bytes"], "applied": result["applied"], "dropped_compute_capabilities": dropped,
