@@ -7,7 +7,10 @@
 
 Per model: build wall time (export excluded), the engine builder's own time, engine size, the compute
 layers by precision (from the detailed build log), layers left in fp32, where attention went, problems.
-The W8A8 / W4 ONNX files come from `edgeattn quantize` (pass them with --onnx).
+The W8A8 / W4 ONNX files come from `edgeattn quantize` (pass them with --onnx). Until then,
+`--ort-quantized` makes stand-ins with ONNX Runtime's quantization tools from an opset-21 MiniLM export
+(W8A8: static QDQ, symmetric, per-channel weights, per-tensor activations, calibrated on random token
+ids; W4: block-wise int4 weight-only QDQ, block 32). They test the build, not the accuracy.
 """
 
 from __future__ import annotations
@@ -32,6 +35,42 @@ def export(alias: str, out: Path, attention: str) -> Path:
     return out
 
 
+def ort_quantized(work: Path) -> list[tuple[str, Path, str]]:
+    """Stand-in W8A8 and W4 MiniLM (Q/DQ ONNX, opset 21) made with onnxruntime.quantization."""
+    import numpy as np
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    from edgeattn.export import ExportConfig, export_hf
+
+    src = work / "minilm-opset21.onnx"
+    if not src.exists():
+        export_hf("minilm", src, ExportConfig(opset=21))
+    w8a8, w4 = work / "minilm-w8a8-ort.onnx", work / "minilm-w4-ort.onnx"
+    if not w8a8.exists():
+        rng = np.random.default_rng(0)
+        batches = [{"input_ids": rng.integers(0, 1000, (1, 32)).astype(np.int64),
+                    "attention_mask": np.ones((1, 32), np.int64)} for _ in range(8)]
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.it = iter(batches)
+
+            def get_next(self):
+                return next(self.it, None)
+
+        quantize_static(str(src), str(w8a8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+    if not w4.exists():
+        config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, quant_format=QuantFormat.QDQ)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), algo_config=config)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(w4), False)
+    return [("minilm-w8a8-ort", w8a8, "fp16"), ("minilm-w4-ort", w4, "fp16")]
+
+
 def build_one(name: str, onnx_path: Path, precision: str, out_dir: Path, seq: tuple[int, int, int]) -> dict:
     from edgeattn.build import BuildConfig, build
 
@@ -54,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="an extra ONNX model to build (precision default fp16)")
     ap.add_argument("--only", action="append", choices=sorted(EXPORTS), help="export and build only these")
     ap.add_argument("--no-export", action="store_true", help="build only the --onnx models")
+    ap.add_argument("--ort-quantized", action="store_true",
+                    help="also build stand-in W8A8 / W4 MiniLM made with onnxruntime.quantization")
     ap.add_argument("--attention", choices=["native", "windowed"], default="native",
                     help="export with edgeattn::WindowedAttention (needs the attention export of edgeattn)")
     ap.add_argument("--seq", default="1:128:512", help="sequence range MIN:OPT:MAX")
@@ -68,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"exporting {alias} ...", file=sys.stderr, flush=True)
             jobs.append((f"{key}-{precision}", export(alias, args.work / f"{key}-{args.attention}.onnx", args.attention),
                          precision))
+    if args.ort_quantized:
+        print("quantizing MiniLM with onnxruntime.quantization ...", file=sys.stderr, flush=True)
+        jobs += ort_quantized(args.work)
     for spec in args.onnx:
         name, _, rest = spec.partition("=")
         path, _, precision = rest.partition(":")

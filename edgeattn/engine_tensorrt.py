@@ -51,8 +51,7 @@ def prepare_onnx(model_path: Path, out: Path, target, precision: str) -> dict:
     """Mark attention nodes, cast float parts; write the engine's ONNX input to `out`."""
     import onnx
 
-    proto = onnx.shape_inference.infer_shapes(onnx_model.load(model_path, check=False))
-    model = ir.serde.deserialize_model(proto)
+    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(onnx_model.load(model_path, check=False)))
     why_not = "" if target.attention_plugin else f"target {target.name} has no attention plugin"
     attention = attention_mapping.map_attention(model, target.attention_plugin, why_not)
     softmaxes = sum(1 for n in model.graph.all_nodes() if n.op_type == "Softmax")
@@ -65,7 +64,9 @@ def prepare_onnx(model_path: Path, out: Path, target, precision: str) -> dict:
         from edgeattn.float_cast import cast_float_parts
 
         cast = cast_float_parts(model, FLOAT_TYPE[precision]).as_dict()
-    ir.save(model, out)
+    # weights in a side file: no 2 GB protobuf limit, and the summary below reads the graph alone
+    ir.save(model, out, external_data=out.name + ".data")
+    del model
     return {"attention": attention, "softmax_outside_attention": softmaxes, "float_cast": cast,
             "compute_nodes": compute_nodes,
             "graph_precision": graph_summary(onnx.load(str(out), load_external_data=False))}
