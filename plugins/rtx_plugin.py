@@ -125,27 +125,32 @@ def register(trt: ModuleType) -> bool:
     return bool(registry.register_creator(creator, PLUGIN_NAMESPACE))
 
 
-_TORCH_DTYPES = {"DataType.FLOAT": "float32", "DataType.HALF": "float16", "DataType.BF16": "bfloat16",
-                 "DataType.INT64": "int64", "DataType.INT32": "int32", "DataType.BOOL": "bool"}
+# TensorRT DataType -> (torch dtype name, CUDA array interface typestr of a same-sized type)
+_DEVICE_TYPES = {"DataType.FLOAT": ("float32", "<f4"), "DataType.HALF": ("float16", "<f2"),
+                 "DataType.BF16": ("bfloat16", "<i2"), "DataType.INT64": ("int64", "<i8"),
+                 "DataType.INT32": ("int32", "<i4"), "DataType.BOOL": ("bool", "|b1")}
+
+
+def device_view(ptr: int, shape: tuple[int, ...], trt_type: str):
+    """A torch tensor over `shape` elements at device pointer `ptr` (no copy), through the CUDA array interface."""
+    import torch
+
+    dtype_name, typestr = _DEVICE_TYPES[trt_type]
+    count = int(np.prod(shape)) if shape else 1
+    holder = type("DeviceBuffer", (), {"__cuda_array_interface__": {
+        "shape": (count,), "typestr": typestr, "data": (int(ptr), False), "version": 3}})()
+    flat = torch.as_tensor(holder, device="cuda")
+    return flat.view(getattr(torch, dtype_name)).reshape(shape)
 
 
 def _enqueue_torch(plugin, input_desc, output_desc, inputs, outputs, stream) -> None:
     """Run the attention on the GPU through torch (not run here: see the module docstring)."""
     import torch
 
-    def view(desc, ptr):
-        dtype = getattr(torch, _TORCH_DTYPES[str(desc.type)])
-        shape = tuple(desc.dims)
-        count = int(np.prod(shape)) if shape else 1
-        # wrap the raw device pointer through the CUDA array interface (no copy)
-        holder = type("Buf", (), {"__cuda_array_interface__": {
-            "shape": (count,), "typestr": torch.empty(0, dtype=dtype).numpy().dtype.str
-            if dtype is not torch.bfloat16 else "<V2", "data": (int(ptr), False), "version": 3}})()
-        return torch.as_tensor(holder, device="cuda").view(dtype).reshape(shape)
-
-    q, k, v, window = (view(input_desc[i], inputs[i]) for i in range(4))
-    mask = view(input_desc[4], inputs[4]) if len(inputs) > 4 else None
-    out = view(output_desc[0], outputs[0])
+    views = [device_view(ptr, tuple(d.dims), str(d.type)) for d, ptr in zip(input_desc, inputs)]
+    q, k, v, window = views[:4]
+    mask = views[4] if len(views) > 4 else None
+    out = device_view(outputs[0], tuple(output_desc[0].dims), str(output_desc[0].type))
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
         result = torch.ops.edgeattn.windowed_attention(q, k, v, window, mask, bool(plugin.causal),
                                                        int(plugin.sinks), float(plugin.scale))

@@ -81,17 +81,19 @@ class TensorRTBackend:
             from edgeattn.plugins.rtx_plugin import register
 
             register(trt)
-        self._trt = trt
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self._engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
-        if self._engine is None:
+        engine = self._runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
+        if engine is None:
             raise RuntimeBackendError(f"{LIBRARIES[self.name]} could not deserialize {self.engine_path}")
-        self._context = self._engine.create_execution_context()
+        self._attach(trt, engine, engine.create_execution_context())
+
+    def _attach(self, trt, engine, context) -> None:
+        """Take a deserialized engine and its context: a stream, the I/O names."""
+        self._trt, self._engine, self._context = trt, engine, context
         self._stream = _ok(_cudart().cudaStreamCreate(), "stream creation")
-        self._names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
-        mode = trt.TensorIOMode.INPUT
-        self.input_names = [n for n in self._names if self._engine.get_tensor_mode(n) == mode]
-        self.output_names = [n for n in self._names if n not in self.input_names]
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        self.input_names = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.output_names = [n for n in names if n not in self.input_names]
 
     def deactivate(self) -> None:
         if self._stream is None:
