@@ -102,7 +102,12 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
             lines.append(f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]")
         lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
     kind = "KIND_CPU" if m.backend == "onnxruntime" else "KIND_GPU"
-    lines += ["instance_group {", f"  count: {cfg.instances}", f"  kind: {kind}", "}"]
+    lines += ["instance_group {", f"  count: {cfg.instances}", f"  kind: {kind}"]
+    profiles = len(m.sections.get("engine", {}).get("profiles", []))
+    if m.backend == "tensorrt" and profiles > 1:  # let every instance use all of the engine's profiles
+        names = ", ".join(f'"{i}"' for i in range(profiles))
+        lines.append(f"  profile: [ {names} ]")
+    lines.append("}")
     lines += [f'version_policy: {{ specific: {{ versions: [ {cfg.version} ] }} }}']
     if cfg.plugin_library is not None:
         lines += ["parameters {", '  key: "edgeattn_plugin_library"',

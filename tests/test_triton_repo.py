@@ -84,6 +84,7 @@ def test_tensorrt_bundle_is_a_plan_with_the_plugin_library(rtx_attention_bundle,
     assert config.platform == "tensorrt_plan"
     assert config.parameters["edgeattn_plugin_library"].string_value == "plugins/libedgeattn.so"
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    assert list(config.instance_group[0].profile) == ["0", "1"]  # seq 1:8:32 gave two profiles
 
 
 def test_plugin_library_is_refused_for_non_tensorrt_bundles(tiny_onnx, tmp_path):
