@@ -24,6 +24,8 @@ class ArtifactResult:
 # builder(model_path, staging_dir, target, config, shape_plan) -> ArtifactResult
 BUILDERS: dict[str, str] = {
     "onnxruntime": "edgeattn.engine_onnxruntime:build_artifact",
+    "tensorrt_rtx": "edgeattn.engine_tensorrt:build_artifact",
+    "tensorrt": "edgeattn.engine_tensorrt:build_artifact",
 }
 
 

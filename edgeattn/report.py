@@ -40,6 +40,7 @@ def render(m: Manifest) -> str:
     floats = m.precision.get("float_layers", [])
     if floats and any(k != "float" for k in layers):
         lines.append(f"Left in float ({len(floats)}): " + ", ".join(floats[:20]) + (" ..." if len(floats) > 20 else ""))
+    lines += _engine_layers(s.get("engine", {}))
     parity = s.get("parity", {})
     lines += ["", "## Parity with the source model", ""]
     if parity.get("status") == "skipped":
@@ -51,3 +52,27 @@ def render(m: Manifest) -> str:
     lines += ["", "## Problems", ""]
     lines += [f"- {p}" for p in problems] or ["None."]
     return "\n".join(lines) + "\n"
+
+
+def _engine_layers(engine: dict) -> list[str]:
+    """The per-layer section of a TensorRT engine: type, precision, source ONNX node; attention mapping."""
+    rows = [r for r in engine.get("layers", []) if r.get("profile", 0) == 0 and r.get("type") != "shape_call"]
+    if not rows:
+        return []
+    lines = ["", "## Engine layers", "",
+             f"{engine.get('library')} {engine.get('version')}; from the {engine.get('layer_source')}; "
+             f"{len(engine.get('profiles', []))} optimization profile(s), layers of profile 0 shown."]
+    applied = engine.get("applied", {})
+    if applied.get("compute_capabilities"):
+        lines.append("Compute capabilities: " + ", ".join(applied["compute_capabilities"])
+                     + "".join(f"; dropped SM{d['sm']} ({d['reason']})" for d in engine.get("dropped_compute_capabilities", [])))
+    lines += [""] + _table(["layer", "type", "precision", "compute", "ONNX node(s)"],
+                           [[r["name"], r["type"], r["precision"], "yes" if r["compute"] else "",
+                             ", ".join(r["onnx_nodes"]) or "-"] for r in rows])
+    floats = [r["name"] for r in rows if r["compute"] and r["precision"] == "fp32"]
+    lines += ["", "Compute layers left in fp32: " + (", ".join(floats) if floats else "none")]
+    attention = engine.get("attention", [])
+    if attention:
+        lines.append("Attention: " + "; ".join(
+            f"{a['node']} -> {a['to']}" + (f" ({a['reason']})" if a.get("reason") else "") for a in attention))
+    return lines

@@ -28,4 +28,11 @@ def open_backend(bundle, **options) -> Backend:
         from edgeattn.runtime.onnxruntime_backend import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(bundle.artifact, **options)
-    raise RuntimeBackendError(f"no runtime backend for {kind!r}: expected onnxruntime")
+    if kind in ("tensorrt_rtx", "tensorrt"):
+        from edgeattn.runtime.tensorrt_backend import TensorRTBackend
+
+        engine = bundle.manifest.sections.get("engine", {})
+        sms = tuple(int(s[2:]) for s in engine.get("applied", {}).get("compute_capabilities", []))
+        plugin = any(a.get("to") == "plugin" for a in engine.get("attention", []))
+        return TensorRTBackend(bundle.artifact, library=kind, compute_capabilities=sms, plugin=plugin, **options)
+    raise RuntimeBackendError(f"no runtime backend for {kind!r}: expected onnxruntime, tensorrt_rtx or tensorrt")

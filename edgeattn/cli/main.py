@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
     "thermal": ("edgeattn.cli.thermal_cmd", "thermal", "Record thermal traces, fit the RC model, simulate and tune window policies."),
     "kernels": ("edgeattn.cli.kernels_cmd", "kernels", "Compile the windowed-attention Triton kernels ahead of time."),
+    "export-triton": ("edgeattn.cli.export_triton_cmd", "export_triton",
+                      "Write a Triton Inference Server model repository for a bundle."),
 }
 
 

@@ -1,0 +1,32 @@
+"""edgeattn export-triton."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("export-triton")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--repo", type=click.Path(path_type=Path), required=True, help="Model repository folder (created).")
+@click.option("--name", help="Model name in the repository [default: the bundle's model name].")
+@click.option("--version", "version", default=1, show_default=True, help="Model version folder.")
+@click.option("--max-batch", type=int, help="max_batch_size [default: the bundle's batch maximum; 0: off].")
+@click.option("--no-dynamic-batching", is_flag=True, help="Leave dynamic batching off.")
+@click.option("--queue-delay-us", default=100, show_default=True, help="Dynamic batching: max queue delay.")
+@click.option("--preferred-batch", type=int, multiple=True, help="Dynamic batching: a preferred batch size.")
+@click.option("--instances", default=1, show_default=True, help="Model instances.")
+@click.option("--plugin-library", type=click.Path(path_type=Path),
+              help="TensorRT plugin .so the server loads (tensorrt bundles).")
+def export_triton(bundle, repo, name, version, max_batch, no_dynamic_batching, queue_delay_us, preferred_batch,
+                  instances, plugin_library):
+    """Write a Triton Inference Server model repository for BUNDLE (config.pbtxt, the engine, launch.sh)."""
+    from edgeattn.triton_repo import TritonConfig, export_triton as run
+
+    cfg = TritonConfig(model_name=name, version=version, max_batch_size=max_batch,
+                       dynamic_batching=not no_dynamic_batching, max_queue_delay_us=queue_delay_us,
+                       preferred_batch_sizes=tuple(preferred_batch), instances=instances,
+                       plugin_library=plugin_library)
+    folder = run(bundle, repo, cfg)
+    click.echo(f"model {folder} (serve with {Path(repo) / 'launch.sh'})")

@@ -1,0 +1,95 @@
+"""edgeattn export-triton: config.pbtxt parsed with the ModelConfig protobuf schema that tritonclient ships."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import onnx
+import pytest
+
+import trt_fixtures as fx
+from edgeattn.build import BuildConfig, build
+from edgeattn.bundle import Bundle
+from edgeattn.cli.main import cli
+from edgeattn.errors import InputError
+from edgeattn.triton_repo import TritonConfig, export_triton, render_config
+from onnx_fixtures import has
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
+                                       reason="needs tritonclient[grpc] (the ModelConfig schema)")
+from google.protobuf import text_format  # noqa: E402
+
+
+def _parse(path: Path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_cpu_bundle_batched_onnxruntime(tiny_onnx, tmp_path, runner):
+    build(tiny_onnx, BuildConfig(target="cpu", batch=(1, 4, 16)))
+    repo = tmp_path / "repo"
+    result = runner.invoke(cli, ["export-triton", str(tiny_onnx.with_name("tiny.edgeattn")), "--repo", str(repo),
+                                 "--preferred-batch", "4", "--preferred-batch", "8", "--queue-delay-us", "250"])
+    assert result.exit_code == 0, result.output
+    config = _parse(repo / "tiny" / "config.pbtxt")
+    T = model_config_pb2.DataType
+    assert config.name == "tiny" and config.platform == "onnxruntime_onnx" and config.max_batch_size == 16
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("input_ids", T.TYPE_INT64, [-1]), ("attention_mask", T.TYPE_INT64, [-1])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("last_hidden_state", T.TYPE_FP32, [-1, 16])]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 250
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert (repo / "tiny" / "1" / "model.onnx").is_file()
+    assert "tritonserver --model-repository" in (repo / "launch.sh").read_text()
+
+
+def test_max_batch_above_the_bundle_range_is_refused(tiny_onnx, tmp_path):
+    build(tiny_onnx, BuildConfig(target="cpu", batch=(1, 1, 4)))
+    with pytest.raises(InputError, match="above the bundle's batch range"):
+        export_triton(tiny_onnx.with_name("tiny.edgeattn"), tmp_path / "repo", TritonConfig(max_batch_size=8))
+    assert not (tmp_path / "repo" / "tiny").exists()
+
+
+@pytest.fixture
+def rtx_attention_bundle(tmp_path, monkeypatch) -> Bundle:
+    if not has("tensorrt_rtx"):
+        pytest.skip("needs tensorrt-rtx")
+    monkeypatch.setenv("EDGEATTN_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "attn.onnx"
+    onnx.save(fx.attention(), str(path))
+    return build(path, BuildConfig(target="rtx", precision="fp16", seq=(1, 8, 32)))
+
+
+@pytest.mark.rtx
+def test_rtx_bundle_uses_the_python_backend_and_reshapes_the_scalar_window(rtx_attention_bundle, tmp_path):
+    folder = export_triton(rtx_attention_bundle.path, tmp_path / "repo", TritonConfig(model_name="attn"))
+    config = _parse(folder / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    window = [i for i in config.input if i.name == "window"][0]
+    assert list(window.dims) == [1] and window.HasField("reshape") and list(window.reshape.shape) == []
+    x = [i for i in config.input if i.name == "x"][0]
+    assert list(x.dims) == [-1, -1, fx.HIDDEN]  # no batching: the batch dim stays in dims
+    assert (folder / "1" / "model.py").is_file() and (folder / "1" / "bundle" / "model.engine").is_file()
+    assert "does not lead with the batch dimension" in (folder / "config.pbtxt").read_text()
+
+
+@pytest.mark.rtx
+def test_tensorrt_bundle_is_a_plan_with_the_plugin_library(rtx_attention_bundle, tmp_path):
+    # a tensorrt (orin/thor/h100) bundle differs from an rtx one only in its backend field here
+    manifest = dataclasses.replace(rtx_attention_bundle.manifest, backend="tensorrt")
+    text = render_config(Bundle(rtx_attention_bundle.path, manifest), TritonConfig(plugin_library=Path("libedgeattn.so")),
+                         "attn")
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert config.platform == "tensorrt_plan"
+    assert config.parameters["edgeattn_plugin_library"].string_value == "plugins/libedgeattn.so"
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    assert list(config.instance_group[0].profile) == ["0", "1"]  # seq 1:8:32 gave two profiles
+
+
+def test_plugin_library_is_refused_for_non_tensorrt_bundles(tiny_onnx, tmp_path):
+    build(tiny_onnx, BuildConfig(target="cpu"))
+    lib = tmp_path / "libx.so"
+    lib.write_bytes(b"\x7fELF")
+    with pytest.raises(InputError, match="for tensorrt bundles"):
+        export_triton(tiny_onnx.with_name("tiny.edgeattn"), tmp_path / "repo", TritonConfig(plugin_library=lib))
