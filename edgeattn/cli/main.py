@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("edgeattn.cli.bench_cmd", "bench", "Measure a bundle's latency percentiles and throughput."),
     "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
     "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
+    "serve": ("edgeattn.cli.serve_cmd", "serve", "Serve bundles over KServe v2 / Triton HTTP with dynamic batching."),
+    "window": ("edgeattn.cli.window_cmd", "window", "Get, set, lock or unlock a running server's attention window."),
 }
 
 

@@ -32,7 +32,7 @@ class Outcome:
     batch_rows: int
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the queue removes exactly this request
 class _Pending:
     feeds: dict[str, np.ndarray]
     rows: int
@@ -130,7 +130,10 @@ class DynamicBatcher:
                     break
             group = self._take()
             started = time.perf_counter()
-            results = await loop.run_in_executor(self._executor, self._execute, group)
+            try:
+                results = await loop.run_in_executor(self._executor, self._execute, group)
+            except Exception as exc:  # a bug in the batcher itself: fail this group, keep serving
+                results = [exc] * len(group)
             for item, result in zip(group, results):
                 if item.future.done():  # the client went away
                     continue
