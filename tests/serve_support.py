@@ -60,3 +60,22 @@ def direct(bundle, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return backend.infer(feeds)
     finally:
         backend.deactivate()
+
+
+def dtypes_model() -> onnx.ModelProto:
+    """half [batch, 4] FP16, flag [batch, 4] BOOL, count [batch, 4] INT32 -> doubled, negated, incremented."""
+    nodes = [helper.make_node("Add", ["half", "half"], ["half_x2"]),
+             helper.make_node("Not", ["flag"], ["not_flag"]),
+             helper.make_node("Add", ["count", "one"], ["count_plus_1"])]
+    graph = helper.make_graph(
+        nodes, "dtypes",
+        [helper.make_tensor_value_info("half", TensorProto.FLOAT16, ["batch", 4]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, ["batch", 4]),
+         helper.make_tensor_value_info("count", TensorProto.INT32, ["batch", 4])],
+        [helper.make_tensor_value_info("half_x2", TensorProto.FLOAT16, ["batch", 4]),
+         helper.make_tensor_value_info("not_flag", TensorProto.BOOL, ["batch", 4]),
+         helper.make_tensor_value_info("count_plus_1", TensorProto.INT32, ["batch", 4])],
+        [numpy_helper.from_array(np.array(1, np.int32), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model

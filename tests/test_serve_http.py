@@ -16,7 +16,7 @@ from edgeattn.runtime.live_window import LiveWindow  # noqa: E402
 from edgeattn.runtime.server.app import create_app  # noqa: E402
 from edgeattn.runtime.server.runner import BackgroundServer  # noqa: E402
 from edgeattn.runtime.server.settings import ServeSettings  # noqa: E402
-from serve_support import direct, make_bundle, tiny_bundle, wait_ready, window_model  # noqa: E402
+from serve_support import direct, dtypes_model, make_bundle, tiny_bundle, wait_ready, window_model  # noqa: E402
 
 
 class FakeController:
@@ -38,7 +38,8 @@ class FakeController:
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve")
-    return {"tiny": tiny_bundle(folder), "windowed": make_bundle(folder, window_model(), "windowed")}
+    return {"tiny": tiny_bundle(folder), "windowed": make_bundle(folder, window_model(), "windowed"),
+            "dtypes": make_bundle(folder, dtypes_model(), "dtypes")}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def server(bundles):
     window = LiveWindow(0)
     controller = FakeController()
     settings = ServeSettings(port=0, max_batch=8, max_queue_delay_ms=5, max_body_bytes=1 << 20)
-    app = create_app([bundles["tiny"], bundles["windowed"]], settings, window=window, controller=controller,
+    app = create_app(list(bundles.values()), settings, window=window, controller=controller,
                      sensors=False)
     with BackgroundServer(app) as url:
         client = tritonclient_http.InferenceServerClient(url)
@@ -102,6 +103,27 @@ def test_infer_equals_the_bundle_run_directly(server, bundles, binary):
     np.testing.assert_array_equal(result.as_numpy("last_hidden_state"), expected)
     response = result.get_response()
     assert response["id"] == "r1" and response["parameters"]["attention_window"] is None
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_fp16_bool_int32_tensors(server, bundles, binary):
+    rng = np.random.default_rng(5)
+    feeds = {"half": rng.standard_normal((3, 4)).astype(np.float16), "flag": rng.random((3, 4)) > 0.5,
+             "count": rng.integers(-100, 100, size=(3, 4), dtype=np.int32)}
+    inputs = []
+    for name, array in feeds.items():
+        datatype = {"float16": "FP16", "bool": "BOOL", "int32": "INT32"}[array.dtype.name]
+        inputs.append(tritonclient_http.InferInput(name, list(array.shape), datatype))
+        inputs[-1].set_data_from_numpy(array, binary_data=binary)
+    names = ("half_x2", "not_flag", "count_plus_1")
+    outputs = [tritonclient_http.InferRequestedOutput(n, binary_data=binary) for n in names]
+    result = server["client"].infer("dtypes", inputs, outputs=outputs)
+    expected = direct(bundles["dtypes"], feeds)
+    for name in names:
+        got = result.as_numpy(name)
+        assert got.dtype == expected[name].dtype
+        np.testing.assert_array_equal(got, expected[name])
+    np.testing.assert_array_equal(result.as_numpy("not_flag"), ~feeds["flag"])
 
 
 def test_window_is_live_and_reported(server, bundles, runner):
