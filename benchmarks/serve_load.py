@@ -1,7 +1,7 @@
 """Load the KServe v2 service from a second process on loopback: throughput, p50/p99, errors, mix-ups.
 
-Starts `edgeattn serve BUNDLE` as a child process once per mode (batch-1, then batched), drives it with
-CLIENTS threads, each an unmodified tritonclient.http client sending REQUESTS requests of its own input
+Starts `edgeattn serve BUNDLE` as a child process per mode (batch-1 and batched; the modes alternate in
+ROUNDS so that a shared machine's changing load falls on both alike), drives each with CLIENTS threads, each an unmodified tritonclient.http client sending REQUESTS requests of its own input
 and checking every answer against the bundle run directly in this process (a mix-up is an answer that
 matches another client's input rather than its own, or none).
 
@@ -118,11 +118,20 @@ def run_load(url: str, model: str, feeds, expected, requests: int, tolerance: fl
     for t in threads:
         t.join(timeout=1800)
     wall = time.perf_counter() - t0
-    lat = np.concatenate([np.asarray(x) for x in latencies]) * 1000.0 if any(latencies) else np.array([np.nan])
-    done = sum(len(x) for x in latencies)
-    return {"requests": len(feeds) * requests, "answered": done, "errors": sum(errors), "mixups": sum(mixups),
-            "max_abs_diff": max(max_diff), "wall_s": wall, "throughput_rps": done / wall,
-            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
+    return {"requests": len(feeds) * requests, "latencies_ms": np.asarray([x for c in latencies for x in c]) * 1000.0,
+            "errors": sum(errors), "mixups": sum(mixups), "max_abs_diff": max(max_diff), "wall_s": wall}
+
+
+def summarize(phases: list[dict]) -> dict:
+    """Rounds of one mode together: throughput = answered / summed wall time; percentiles over all requests."""
+    lat = np.concatenate([p["latencies_ms"] for p in phases])
+    wall = sum(p["wall_s"] for p in phases)
+    return {"requests": sum(p["requests"] for p in phases), "answered": int(lat.size),
+            "errors": sum(p["errors"] for p in phases), "mixups": sum(p["mixups"] for p in phases),
+            "max_abs_diff": max(p["max_abs_diff"] for p in phases), "wall_s": wall,
+            "throughput_rps": lat.size / wall if wall else float("nan"),
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan")}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -152,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="max abs diff from the client's own reference before an answer counts as mixed up")
     parser.add_argument("--modes", default="1,batched", help="comma list: 1 (batch-1), batched")
+    parser.add_argument("--rounds", type=int, default=5, help="alternate the modes this many times")
     args = parser.parse_args(argv)
+    if min(args.clients, args.requests, args.rounds, args.seq) < 1:
+        parser.error("--clients, --requests, --rounds and --seq must be >= 1")
 
     from edgeattn.bundle import open_bundle
 
@@ -160,23 +172,38 @@ def main(argv: list[str] | None = None) -> int:
     model = bundle.manifest.name
     feeds = client_inputs(bundle, args.clients, args.seq)
     expected = references(bundle, feeds)
-    rows = []
-    for mode in args.modes.split(","):
-        max_batch = 1 if mode == "1" else args.max_batch
-        port = free_port()
-        proc = start_server(bundle.path, port, max_batch, args.delay_ms, args.threads)
-        url = f"{HOST}:{port}"
-        try:
-            server_cpu, client_cpu = cpu_seconds(proc.pid), time.process_time()
-            result = run_load(url, model, feeds, expected, args.requests, args.tolerance)
-            result["server_cpu_ms_per_request"] = (cpu_seconds(proc.pid) - server_cpu) * 1000 / result["answered"]
-            result["client_cpu_ms_per_request"] = (time.process_time() - client_cpu) * 1000 / result["answered"]
+    modes = [1 if m == "1" else args.max_batch for m in args.modes.split(",")]
+    servers = []
+    try:
+        for max_batch in modes:  # all servers up at once; the idle one costs nothing
+            port = free_port()
+            servers.append((max_batch, f"{HOST}:{port}",
+                            start_server(bundle.path, port, max_batch, args.delay_ms, args.threads)))
+        phases = {url: [] for _, url, _ in servers}
+        cpu = {url: [0.0, 0.0] for _, url, _ in servers}
+        # Modes alternate in rounds so that a shared machine's changing load falls on both alike.
+        counts = [args.requests // args.rounds + (1 if r < args.requests % args.rounds else 0)
+                  for r in range(args.rounds)]
+        for count in counts:
+            for _, url, proc in servers:
+                server_cpu, client_cpu = cpu_seconds(proc.pid), time.process_time()
+                phases[url].append(run_load(url, model, feeds, expected, count, args.tolerance))
+                cpu[url][0] += cpu_seconds(proc.pid) - server_cpu
+                cpu[url][1] += time.process_time() - client_cpu
+        rows = []
+        for max_batch, url, _ in servers:
+            result = summarize(phases[url])
+            answered = max(1, result["answered"])
+            result["server_cpu_ms_per_request"] = cpu[url][0] * 1000 / answered
+            result["client_cpu_ms_per_request"] = cpu[url][1] * 1000 / answered
             result["mean_batch"] = server_batches(url, model)
-        finally:
+            result["mode"] = "batch-1" if max_batch == 1 else f"batched (max {max_batch}, {args.delay_ms:g} ms)"
+            rows.append(result)
+    finally:
+        for _, _, proc in servers:
             proc.terminate()
             proc.wait(timeout=60)
-        result["mode"] = "batch-1" if max_batch == 1 else f"batched (max {max_batch}, {args.delay_ms:g} ms)"
-        rows.append(result)
+    for result in rows:
         print(f"{result['mode']:<26} {result['answered']}/{result['requests']} answered  errors {result['errors']}  "
               f"mixed-up {result['mixups']}  throughput {result['throughput_rps']:.1f} req/s  "
               f"p50 {result['p50_ms']:.1f} ms  p99 {result['p99_ms']:.1f} ms  mean batch {result['mean_batch']:.2f}  "
@@ -186,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         speedup = rows[1]["throughput_rps"] / rows[0]["throughput_rps"]
         print(f"batching: {speedup:.2f}x throughput, p99 {rows[1]['p99_ms']:.1f} ms vs {rows[0]['p99_ms']:.1f} ms "
               f"({'better or equal' if rows[1]['p99_ms'] <= rows[0]['p99_ms'] else 'worse'})")
-    print(json.dumps({"bundle": str(args.bundle), "clients": args.clients, "seq": args.seq, "cpu_count": os.cpu_count(),
-                      "results": rows}))
+    print(json.dumps({"bundle": str(args.bundle), "clients": args.clients, "requests_per_client": args.requests,
+                      "seq": args.seq, "threads": args.threads, "rounds": args.rounds, "cpu_count": os.cpu_count(),
+                      "load_average": os.getloadavg(), "results": rows}))
     bad = sum(r["errors"] + r["mixups"] for r in rows)
     return 1 if bad else 0
 
