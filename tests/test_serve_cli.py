@@ -65,3 +65,19 @@ def test_name_needs_exactly_one_bundle(tmp_path, runner):
 def test_window_cli_says_when_no_server_answers(runner):
     result = runner.invoke(cli, ["window", "get", "--url", f"http://127.0.0.1:{_free_port()}"])
     assert result.exit_code == 6 and "cannot reach the server" in result.output
+
+
+def test_load_script_runs_both_modes_and_finds_no_mixups(tmp_path):
+    import pathlib
+
+    bundle = tiny_bundle(tmp_path)
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"
+    proc = subprocess.run([sys.executable, str(script), str(bundle.path), "--clients", "3", "--requests", "4",
+                           "--rounds", "2", "--seq", "5", "--max-batch", "4"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["mode"] for r in summary["results"]] == ["batch-1", "batched (max 4, 2 ms)"]
+    for r in summary["results"]:
+        assert r["answered"] == 12 and r["errors"] == 0 and r["mixups"] == 0
+    assert "batching:" in proc.stdout

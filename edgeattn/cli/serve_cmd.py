@@ -21,7 +21,7 @@ def _controller_factory(spec: str):
 @click.command()
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
-@click.option("--port", type=int, default=None, help="Port [default: 8000; 0 picks a free one].")
+@click.option("--port", type=int, default=None, help="Port [default: 8000].")
 @click.option("--name", help="Model name when one bundle is served [default: the manifest's name].")
 @click.option("--max-batch", type=int, help="Rows per batch, capped by the bundle's range; 1 turns batching off "
               "[default: 8].")
