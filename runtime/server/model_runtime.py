@@ -121,4 +121,4 @@ class ModelRuntime:
                 "inference_stats": {"success": s.success.as_dict(), "fail": s.fail.as_dict(),
                                     "queue": s.queue.as_dict(), "compute_infer": s.compute_infer.as_dict()},
                 "batch_stats": [{"batch_size": rows, "compute_infer": st.as_dict()}
-                                for rows, st in sorted(s.batches.items())]}
+                                for rows, st in sorted(dict(s.batches).items())]}
