@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "kernels": ("edgeattn.cli.kernels_cmd", "kernels", "Compile the windowed-attention Triton kernels ahead of time."),
     "export-triton": ("edgeattn.cli.export_triton_cmd", "export_triton",
                       "Write a Triton Inference Server model repository for a bundle."),
+    "serve": ("edgeattn.cli.serve_cmd", "serve", "Serve bundles over KServe v2 / Triton HTTP with dynamic batching."),
+    "window": ("edgeattn.cli.window_cmd", "window", "Get, set, lock or unlock a running server's attention window."),
 }
 
 

@@ -1,0 +1,65 @@
+"""edgeattn serve."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import click
+
+
+def _controller_factory(spec: str):
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise click.BadParameter(f"expected MODULE:FACTORY, found {spec!r}", param_hint="--controller")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--controller") from None
+
+
+@click.command()
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
+@click.option("--port", type=int, default=None, help="Port [default: 8000].")
+@click.option("--name", help="Model name when one bundle is served [default: the manifest's name].")
+@click.option("--max-batch", type=int, help="Rows per batch, capped by the bundle's range; 1 turns batching off "
+              "[default: 8].")
+@click.option("--max-queue-delay-ms", type=float, help="How long a batch waits to fill [default: 2].")
+@click.option("--max-queue", type=int, help="Queued requests per model before 503 [default: 256].")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: its own].")
+@click.option("--window", type=int, help="Initial attention window, 0 = full [default: 0].")
+@click.option("--controller", "controller_spec", metavar="MODULE:FACTORY",
+              help="Thermal controller: FACTORY(window=LiveWindow) returns an object with start()/stop() "
+                   "(and optionally metrics_snapshot()).")
+def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec):
+    """Serve BUNDLES over KServe v2 / Triton HTTP (binary tensors, dynamic batching, /metrics).
+
+    Settings not given as options are read from EDGEATTN_SERVE_<NAME> variables (e.g.
+    EDGEATTN_SERVE_MAX_BATCH). Ctrl-C or SIGTERM stops accepting, finishes in-flight requests, then exits.
+    """
+    from edgeattn.optional import require
+
+    require("aiohttp", "the inference server")
+    require("prometheus_client", "the inference server's metrics")
+    from edgeattn.bundle import open_bundle
+    from edgeattn.runtime.live_window import LiveWindow
+    from edgeattn.runtime.server.app import create_app
+    from edgeattn.runtime.server.runner import serve_forever
+    from edgeattn.runtime.server.settings import ServeSettings
+
+    if name and len(bundles) != 1:
+        raise click.BadParameter(f"--name names one bundle, found {len(bundles)} bundles", param_hint="--name")
+    settings = ServeSettings.from_env(host=host, port=port, max_batch=max_batch,
+                                      max_queue_delay_ms=max_queue_delay_ms, max_queue=max_queue,
+                                      threads=threads, window=window)
+    opened = [open_bundle(b) for b in bundles]
+    live = LiveWindow(settings.window)
+    controller = _controller_factory(controller_spec)(window=live) if controller_spec else None
+    app = create_app(opened, settings, names=[name] if name else None, window=live, controller=controller)
+    models = ", ".join(f"{n} ({b.manifest.backend})" for n, b in
+                       zip([name] if name else [b.manifest.name for b in opened], opened))
+    click.echo(f"serving {models} on http://{settings.host}:{settings.port} (max batch {settings.max_batch}, "
+               f"queue delay {settings.max_queue_delay_ms:g} ms)", err=True)
+    serve_forever(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout_s,
+                  print_fn=lambda msg: click.echo(msg, err=True))

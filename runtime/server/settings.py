@@ -1,0 +1,54 @@
+"""Typed, validated settings of the service, from arguments or from EDGEATTN_SERVE_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from edgeattn.errors import ConfigError
+
+ENV_PREFIX = "EDGEATTN_SERVE_"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: an ephemeral port (tests)
+    max_batch: int = 8  # per model, capped by the bundle's batch range; 1 turns batching off
+    max_queue_delay_ms: float = 2.0  # how long the first request of a batch waits for company
+    max_queue: int = 256  # queued requests per model; beyond it requests get 503 (back-pressure)
+    max_body_bytes: int = 64 << 20  # larger request bodies get 413
+    threads: int = 0  # ONNX Runtime intra-op threads (0: its default)
+    window: int = 0  # initial attention window (0 = full)
+    shutdown_timeout_s: float = 30.0  # graceful shutdown: how long in-flight requests may take
+    warmup_runs: int = 2  # inferences per model before it reports ready
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port: expected 0..65535, found {self.port}")
+        for name in ("max_batch", "max_queue", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: expected >= 1, found {getattr(self, name)}")
+        for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
+        for name in ("threads", "window", "warmup_runs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "ServeSettings":
+        """Defaults, then EDGEATTN_SERVE_<FIELD> variables, then explicit overrides (None = not given)."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                kind = type(getattr(cls, f.name))
+                try:
+                    values[f.name] = kind(raw)
+                except ValueError:
+                    raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}: expected {kind.__name__}, "
+                                      f"found {raw!r}") from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

@@ -1,0 +1,81 @@
+"""Helpers for the service tests: tiny bundles built in code and a server on an ephemeral loopback port."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeattn.build import BuildConfig, build
+from onnx_fixtures import tiny_model
+
+
+def window_model(hidden: int = 8, seed: int = 1) -> onnx.ModelProto:
+    """input_ids [batch, seq], attention_window [] -> embedding + window -> [batch, seq, hidden]."""
+    rng = np.random.default_rng(seed)
+    emb = numpy_helper.from_array(rng.standard_normal((1000, hidden)).astype(np.float32), "emb")
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["x"]),
+             helper.make_node("Cast", ["attention_window"], ["w"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "w"], ["hidden"])]
+    graph = helper.make_graph(
+        nodes, "windowed",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_window", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", hidden])], [emb])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def make_bundle(folder: Path, model: onnx.ModelProto, name: str, batch=(1, 1, 8), seq=(1, 8, 32)):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return build(path, BuildConfig(target="cpu", out=folder / f"{name}.edgeattn", name=name, batch=batch, seq=seq))
+
+
+def tiny_bundle(folder: Path, name: str = "tiny"):
+    return make_bundle(folder, tiny_model(), name)
+
+
+def wait_ready(client, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if client.is_server_ready():
+            return
+        time.sleep(0.02)
+    raise TimeoutError("server did not become ready")
+
+
+def direct(bundle, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The bundle run directly, without the server: the reference."""
+    from edgeattn.runtime.backend import open_backend
+
+    backend = open_backend(bundle)
+    backend.activate()
+    try:
+        return backend.infer(feeds)
+    finally:
+        backend.deactivate()
+
+
+def dtypes_model() -> onnx.ModelProto:
+    """half [batch, 4] FP16, flag [batch, 4] BOOL, count [batch, 4] INT32 -> doubled, negated, incremented."""
+    nodes = [helper.make_node("Add", ["half", "half"], ["half_x2"]),
+             helper.make_node("Not", ["flag"], ["not_flag"]),
+             helper.make_node("Add", ["count", "one"], ["count_plus_1"])]
+    graph = helper.make_graph(
+        nodes, "dtypes",
+        [helper.make_tensor_value_info("half", TensorProto.FLOAT16, ["batch", 4]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, ["batch", 4]),
+         helper.make_tensor_value_info("count", TensorProto.INT32, ["batch", 4])],
+        [helper.make_tensor_value_info("half_x2", TensorProto.FLOAT16, ["batch", 4]),
+         helper.make_tensor_value_info("not_flag", TensorProto.BOOL, ["batch", 4]),
+         helper.make_tensor_value_info("count_plus_1", TensorProto.INT32, ["batch", 4])],
+        [numpy_helper.from_array(np.array(1, np.int32), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
