@@ -32,7 +32,14 @@ def _controller_factory(spec: str):
 @click.option("--controller", "controller_spec", metavar="MODULE:FACTORY",
               help="Thermal controller: FACTORY(window=LiveWindow) returns an object with start()/stop() "
                    "(and optionally metrics_snapshot()).")
-def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec):
+@click.option("--thermal-policy", type=click.Path(path_type=Path, dir_okay=False),
+              help="Run the thermal controller with this policy file (TOML or YAML; see `edgeattn thermal tune`).")
+@click.option("--thermal-sensor", default="auto", show_default=True,
+              help="Sensor for the thermal controller: auto, sysfs, nvml or replay:TRACE.csv.")
+@click.option("--max-window", type=int, help="Window the policy's levels are fractions of "
+              "[default: the largest sequence length the bundles accept].")
+def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec,
+          thermal_policy, thermal_sensor, max_window):
     """Serve BUNDLES over KServe v2 / Triton HTTP (binary tensors, dynamic batching, /metrics).
 
     Settings not given as options are read from EDGEATTN_SERVE_<NAME> variables (e.g.
@@ -55,7 +62,18 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
                                       threads=threads, window=window)
     opened = [open_bundle(b) for b in bundles]
     live = LiveWindow(settings.window)
+    if controller_spec and thermal_policy:
+        raise click.BadParameter("give --controller or --thermal-policy, not both", param_hint="--controller")
     controller = _controller_factory(controller_spec)(window=live) if controller_spec else None
+    if thermal_policy:
+        from edgeattn.runtime.thermal.service import thermal_controller
+
+        longest = max((r[2] for b in opened for d, r in b.manifest.shape_ranges.items()
+                       if b.manifest.sections.get("dimension_kinds", {}).get(d) == "seq"), default=0)
+        if not (max_window or longest):
+            raise click.BadParameter("the bundles have no sequence range: give --max-window", param_hint="--max-window")
+        controller = thermal_controller(live, policy=thermal_policy, sensor=thermal_sensor,
+                                        max_window=max_window or longest)
     app = create_app(opened, settings, names=[name] if name else None, window=live, controller=controller)
     models = ", ".join(f"{n} ({b.manifest.backend})" for n, b in
                        zip([name] if name else [b.manifest.name for b in opened], opened))

@@ -33,6 +33,7 @@ MODELS = web.AppKey("models", dict)
 SETTINGS = web.AppKey("settings", ServeSettings)
 WINDOW = web.AppKey("window", LiveWindow)
 METRICS = web.AppKey("metrics", ServerMetrics)
+CONTROLLER = web.AppKey("controller", object)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -109,6 +110,19 @@ async def repository_index(request: web.Request) -> web.Response:
                               for n, m in request.app[MODELS].items()])
 
 
+def _device_parameters(app: web.Application) -> dict:
+    """The thermal controller's temperature / throttle / power for the response, when one runs."""
+    controller = app.get(CONTROLLER)
+    if controller is None or not callable(getattr(controller, "metrics_snapshot", None)):
+        return {}
+    from edgeattn.runtime.thermal.service import response_parameters
+
+    try:
+        return response_parameters(controller)
+    except Exception:  # a failing sensor must not fail the request
+        return {}
+
+
 async def infer(request: web.Request) -> web.Response:
     started = time.perf_counter()
     model = _model(request)
@@ -121,8 +135,8 @@ async def infer(request: web.Request) -> web.Response:
         wanted = None if req.outputs is None else [o.name for o in req.outputs]
         rows = model.served.validate(req.inputs, wanted)
         outcome = await model.infer(req.inputs, rows)
-        payload, headers = encode_response(model.name, VERSION, req, outcome.outputs,
-                                           {WINDOW_PARAMETER: outcome.window})
+        parameters = {WINDOW_PARAMETER: outcome.window, **_device_parameters(request.app)}
+        payload, headers = encode_response(model.name, VERSION, req, outcome.outputs, parameters)
     except Exception:
         elapsed = time.perf_counter() - started
         model.stats.fail.add(elapsed)
@@ -226,7 +240,7 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     window = window or LiveWindow(settings.window)
     metrics = metrics or ServerMetrics()
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
-    app[SETTINGS], app[WINDOW], app[METRICS] = settings, window, metrics
+    app[SETTINGS], app[WINDOW], app[METRICS], app[CONTROLLER] = settings, window, metrics, controller
     app[MODELS] = {n: ModelRuntime(b, n, settings, window, metrics) for n, b in zip(names, bundles)}
     _routes(app)
     metrics.window.set(window.get())
