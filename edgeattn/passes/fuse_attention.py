@@ -13,6 +13,7 @@ import onnx_ir.passes.common as common
 from onnxscript.rewriter import pattern
 
 from edgeattn.attention import DOMAIN, OP_TYPE, OPSET_VERSION
+from edgeattn.errors import ModelError
 from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes import fuse_attention_masks as masks_mod
 from edgeattn.passes.fuse_attention_rules import SoftmaxAttention, StandardAttention
@@ -59,6 +60,8 @@ def _mask_meanings(model: ir.Model) -> tuple[dict, str | None]:
 def _window_input(graph: ir.Graph) -> ir.Value:
     for value in graph.inputs:
         if value.name == WINDOW_INPUT:
+            if value.dtype != ir.DataType.INT64:
+                raise ModelError(f"input {WINDOW_INPUT!r}: expected an int64 scalar, found {value.dtype}")
             return value
     value = ir.Value(name=WINDOW_INPUT, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
     graph.inputs.append(value)
@@ -70,18 +73,22 @@ def _leftovers(graph: ir.Graph, failures: dict[str, str]) -> list[dict[str, str]
     left = []
     for node in graph:
         if _is(node, "Attention"):
-            left.append({"node": node.name, "reason": failures.get(node.name, "Attention form not recognised")})
+            left.append({"node": _label(node), "reason": failures.get(node.outputs[0].name, "Attention form not recognised")})
         if not _is(node, "Softmax"):
             continue
         matmul = _first_matmul_after(node)
         if matmul is None:
             continue  # a softmax that is not attention (a classifier head, a router)
         src = node.inputs[0].producer()
-        reason = failures.get(matmul.name) or (
+        reason = failures.get(matmul.outputs[0].name) or (
             f"softmax input comes from {src.op_type if src else 'a graph input'}: expected "
             "MatMul(Q, K^T), optionally scaled (Mul/Div by a constant) and masked (Add or Where)")
-        left.append({"node": matmul.name, "reason": reason})
+        left.append({"node": _label(matmul), "reason": reason})
     return left
+
+
+def _label(node: ir.Node) -> str:
+    return node.name or f"{node.op_type} -> {node.outputs[0].name}"
 
 
 def _first_matmul_after(node: ir.Node, casts: int = 3) -> ir.Node | None:

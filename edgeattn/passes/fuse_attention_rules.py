@@ -26,7 +26,7 @@ class _WindowedRule(pattern.RewriteRuleClassBase):
     def _fail(self, context, reason: str):
         root = getattr(context, "root", None)
         if root is not None:
-            self.failures[root.name or str(id(root))] = reason
+            self.failures[root.outputs[0].name] = reason  # keyed by the block's output value
         return pattern.MatchResult().fail(reason)
 
     def _emit(self, op, q, k, v, meaning: MaskMeaning, scale: float, root_name: str):
