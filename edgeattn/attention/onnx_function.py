@@ -90,7 +90,9 @@ def _build(b: _Body) -> str:
     # pad the sequence axes to whole blocks, then split them into blocks
     q_pad = b.Pad(qf, b.vec(i0, i0, i0, i0, i0, i0, b.Sub(b.Mul(nqb, bq), sq), i0))
     kv_pads = b.vec(i0, i0, i0, i0, i0, i0, b.Sub(b.Mul(nkb, bk), sk), i0)
-    qb = b.Reshape(q_pad, b.vec(bsz, hkv, g, nqb, bq, d))  # [B, H_kv, G, NQB, BQ, D]
+    gbq = b.Mul(g, bq)  # the G query heads sharing a KV head are stacked: one GEMM per (KV head, block)
+    qb = b.Transpose(b.Reshape(q_pad, b.vec(bsz, hkv, g, nqb, bq, d)), perm=[0, 1, 3, 2, 4, 5])
+    qb = b.Reshape(qb, b.vec(bsz, hkv, nqb, gbq, d))  # [B, H_kv, NQB, G*BQ, D]
     kb = b.Reshape(b.Pad(kf, kv_pads), b.vec(bsz, hkv, nkb, bk, d))  # [B, H_kv, NKB, BK, D]
     vb = b.Reshape(b.Pad(vf, kv_pads), b.vec(bsz, hkv, nkb, bk, d))
     # the run of key blocks each query block reads: nr blocks starting at `start`
@@ -101,8 +103,8 @@ def _build(b: _Body) -> str:
     start = b.Min(first, b.Sub(nkb, nr))  # slide the run inside [0, NKB): distinct, in-range blocks
     blocks = b.Add(b.Unsqueeze(start, b.const([1])), b.Unsqueeze(b.Range(i0, nr, i1), b.const([0])))  # [NQB, NR]
     lw = b.Mul(nr, bk)
-    kw = b.Reshape(b.Gather(kb, blocks, axis=2), b.vec(bsz, hkv, i1, nqb, lw, d))  # [B, H_kv, 1, NQB, Lw, D]
-    vw = b.Reshape(b.Gather(vb, blocks, axis=2), b.vec(bsz, hkv, i1, nqb, lw, d))
+    kw = b.Reshape(b.Gather(kb, blocks, axis=2), b.vec(bsz, hkv, nqb, lw, d))  # [B, H_kv, NQB, Lw, D]
+    vw = b.Reshape(b.Gather(vb, blocks, axis=2), b.vec(bsz, hkv, nqb, lw, d))
     arange_bk = b.Range(i0, bk, i1)
     kpos_w = b.Reshape(b.Add(b.Unsqueeze(b.Mul(blocks, bk), b.const([2])), arange_bk),
                        b.vec(nqb, i1, lw))  # [NQB, 1, Lw]
@@ -110,9 +112,9 @@ def _build(b: _Body) -> str:
     nsb = b.Min(b.Div(b.Add(sinks, b.Sub(bk, i1)), bk), nkb)
     ls = b.Mul(nsb, bk)
     ks = b.Reshape(b.Slice(kb, b.const([0]), b.Unsqueeze(nsb, b.const([0])), b.const([2])),
-                   b.vec(bsz, hkv, i1, i1, ls, d))  # [B, H_kv, 1, 1, Ls, D]
+                   b.vec(bsz, hkv, i1, ls, d))  # [B, H_kv, 1, Ls, D]
     vs = b.Reshape(b.Slice(vb, b.const([0]), b.Unsqueeze(nsb, b.const([0])), b.const([2])),
-                   b.vec(bsz, hkv, i1, i1, ls, d))
+                   b.vec(bsz, hkv, i1, ls, d))
     kpos_s = b.Reshape(b.Range(i0, ls, i1), b.vec(i1, i1, ls))  # [1, 1, Ls]
     qpos = b.Reshape(b.Add(b.Range(i0, b.Mul(nqb, bq), i1), offset), b.vec(nqb, bq, i1))  # [NQB, BQ, 1]
     # exact masks by position (padding added below)
@@ -123,18 +125,25 @@ def _build(b: _Body) -> str:
     run_start = b.Reshape(b.Mul(start, bk), b.vec(nqb, i1, i1))  # sinks already inside the run count once
     ok_s = b.And(b.And(b.Less(kpos_s, sinks), b.Less(kpos_s, sk)), b.Less(kpos_s, run_start))
     ok_s = b.And(ok_s, b.Or(not_causal, b.LessOrEqual(kpos_s, qpos)))  # [NQB, BQ, Ls]
+    ok_w, ok_s = (b.Unsqueeze(x, b.const([1])) for x in (ok_w, ok_s))  # [NQB, 1, BQ, L]: broadcast over G
     ok_w, ok_s = _with_padding(b, ok_w, ok_s, blocks, nsb, nkb, bsz, sk, nqb, lw, ls)
-    # scores, softmax over window and sink keys together, weighted sum
-    s_w = b.Mul(b.MatMul(qb, b.Transpose(kw, perm=[0, 1, 2, 3, 5, 4])), scale)  # [B, H_kv, G, NQB, BQ, Lw]
-    s_s = b.Mul(b.MatMul(qb, b.Transpose(ks, perm=[0, 1, 2, 3, 5, 4])), scale)  # [B, H_kv, G, NQB, BQ, Ls]
-    neg_inf = b.const(-np.inf, np.float32)
-    s_w, s_s = b.Where(ok_w, s_w, neg_inf), b.Where(ok_s, s_s, neg_inf)
+    # scores, softmax over window and sink keys together, weighted sum. Masks become additive 0/-inf biases
+    # on their small [B, 1, 1, NQB, BQ, L] shape (a broadcast Add is much cheaper than a broadcast Where).
+    zero, neg_inf = b.const(0.0, np.float32), b.const(-np.inf, np.float32)
+    bias_w, bias_s = b.Where(ok_w, zero, neg_inf), b.Where(ok_s, zero, neg_inf)
+    qs = b.Mul(qb, scale)  # scale the queries: S_q x D products instead of S_q x L
+    s_w = b.Reshape(b.MatMul(qs, b.Transpose(kw, perm=[0, 1, 2, 4, 3])), b.vec(bsz, hkv, nqb, g, bq, lw))
+    s_s = b.Reshape(b.MatMul(qs, b.Transpose(ks, perm=[0, 1, 2, 4, 3])), b.vec(bsz, hkv, nqb, g, bq, ls))
+    s_w, s_s = b.Add(s_w, bias_w), b.Add(s_s, bias_s)  # [B, H_kv, NQB, G, BQ, Lw] and [..., Ls]
     m = b.Max(b.reduce("ReduceMax", s_w, -1), b.reduce("ReduceMax", s_s, -1))
     m = b.Where(b.IsInf(m), b.const(0.0, np.float32), m)  # rows with no key: exp(-inf) = 0 below
     e_w, e_s = b.Exp(b.Sub(s_w, m)), b.Exp(b.Sub(s_s, m))
     denom = b.Add(b.reduce("ReduceSum", e_w, -1), b.reduce("ReduceSum", e_s, -1))
-    num = b.Add(b.MatMul(e_w, vw), b.MatMul(e_s, vs))  # [B, H_kv, G, NQB, BQ, D]
+    e_w, e_s = b.Reshape(e_w, b.vec(bsz, hkv, nqb, gbq, lw)), b.Reshape(e_s, b.vec(bsz, hkv, nqb, gbq, ls))
+    num = b.Add(b.MatMul(e_w, vw), b.MatMul(e_s, vs))  # [B, H_kv, NQB, G*BQ, D]
+    num = b.Reshape(num, b.vec(bsz, hkv, nqb, g, bq, d))
     o = b.Div(num, b.Max(denom, b.const(1e-30, np.float32)))  # empty rows: 0 / tiny = 0
+    o = b.Transpose(o, perm=[0, 1, 3, 2, 4, 5])  # [B, H_kv, G, NQB, BQ, D]
     o = b.Reshape(o, b.vec(bsz, h, b.Mul(nqb, bq), d))
     o = b.Slice(o, b.const([0]), b.Unsqueeze(sq, b.const([0])), b.const([2]))
     return b.CastLike(o, "q") if b.opset >= 15 else b.Cast(o, to=TensorProto.FLOAT)
@@ -146,7 +155,7 @@ def _with_padding(b: _Body, ok_w, ok_s, blocks, nsb, nkb, bsz, sk, nqb, lw, ls):
     pm = b.Cast(b.Cast("key_padding_mask", to=TensorProto.BOOL), to=TensorProto.INT64)
     pm = b.Pad(pm, b.vec(i0, i0, i0, b.Sub(b.Mul(nkb, bk), sk)))
     pm = b.Cast(b.Reshape(pm, b.vec(bsz, nkb, bk)), to=TensorProto.BOOL)  # [B, NKB, BK]
-    pw = b.Reshape(b.Gather(pm, blocks, axis=1), b.vec(bsz, i1, i1, nqb, i1, lw))  # [B, 1, 1, NQB, 1, Lw]
+    pw = b.Reshape(b.Gather(pm, blocks, axis=1), b.vec(bsz, i1, nqb, i1, i1, lw))  # [B, 1, NQB, 1, 1, Lw]
     ps = b.Reshape(b.Slice(pm, b.const([0]), b.Unsqueeze(nsb, b.const([0])), b.const([1])),
                    b.vec(bsz, i1, i1, i1, i1, ls))  # [B, 1, 1, 1, 1, Ls]
     return b.And(ok_w, pw), b.And(ok_s, ps)
