@@ -120,3 +120,16 @@ def test_bad_attributes(kwargs):
 def test_body_needs_opset_18():
     with pytest.raises(ModelError, match="opset >= 18"):
         layer(1, 0, False, opset=17)
+
+
+@pytest.mark.parametrize("k_shape,v_shape,rule", [
+    ((1, 2, 5, 8), (1, 2, 6, 8), "expected v of k's shape"),
+    ((1, 3, 5, 8), (1, 3, 5, 8), "H a multiple of k's H_kv"),
+    ((1, 2, 5, 4), (1, 2, 5, 4), "with q's B and D"),
+])
+def test_disagreeing_shapes_fail_with_the_rule_at_run_time(k_shape, v_shape, rule):
+    sess = session(layer(1, 0, False))
+    q = np.zeros((1, 2, 5, 8), np.float32)
+    feeds = {"q": q, "k": np.zeros(k_shape, np.float32), "v": np.zeros(v_shape, np.float32), "window": np.array(2)}
+    with pytest.raises(Exception, match=rule.replace("'", ".")):
+        sess.run(None, feeds)

@@ -39,8 +39,10 @@ class _Body:
 
         return emit
 
-    def Reshape(self, x: str, shape: str) -> str:  # noqa: N802 - a 0 in our shapes is a real 0
-        return self.__getattr__("Reshape")(x, shape, allowzero=1)
+    def Reshape(self, x: str, shape: str, check: str | None = None) -> str:  # noqa: N802 - a 0 in our shapes is a real 0
+        """`check` names the node, so ONNX Runtime's error says which input rule was broken."""
+        extra = {"name": f"{DOMAIN}.{OP_TYPE}: {check}"} if check else {}
+        return self.__getattr__("Reshape")(x, shape, allowzero=1, **extra)
 
     def const(self, value, dtype=np.int64) -> str:
         return self.Constant(value=numpy_helper.from_array(np.array(value, dtype=dtype)))
@@ -73,7 +75,8 @@ def _build(b: _Body) -> str:
     causal = b.Cast(b.attr_const("causal", onnx.AttributeProto.INT), to=TensorProto.INT64)
     sinks = b.attr_const("sinks", onnx.AttributeProto.INT)
     scale_attr = b.attr_const("scale", onnx.AttributeProto.FLOAT)
-    qf, kf, vf = (b.Cast(x, to=TensorProto.FLOAT) for x in ("q", "k", "v"))
+    qf, kf = (b.Cast(x, to=TensorProto.FLOAT) for x in ("q", "k"))
+    vf = b.Reshape(b.Cast("v", to=TensorProto.FLOAT), b.Shape("k"), check="expected v of k's shape [B, H_kv, S_k, D]")
     sq_shape, sk_shape = b.Shape("q"), b.Shape("k")
     bsz, h, sq, d = (b.dim(sq_shape, i) for i in range(4))
     hkv, sk = b.dim(sk_shape, 1), b.dim(sk_shape, 2)
@@ -91,9 +94,10 @@ def _build(b: _Body) -> str:
     q_pad = b.Pad(qf, b.vec(i0, i0, i0, i0, i0, i0, b.Sub(b.Mul(nqb, bq), sq), i0))
     kv_pads = b.vec(i0, i0, i0, i0, i0, i0, b.Sub(b.Mul(nkb, bk), sk), i0)
     gbq = b.Mul(g, bq)  # the G query heads sharing a KV head are stacked: one GEMM per (KV head, block)
-    qb = b.Transpose(b.Reshape(q_pad, b.vec(bsz, hkv, g, nqb, bq, d)), perm=[0, 1, 3, 2, 4, 5])
+    qb = b.Transpose(b.Reshape(q_pad, b.vec(bsz, hkv, g, nqb, bq, d),
+                             check="expected q [B, H, S_q, D] with H a multiple of k's H_kv"), perm=[0, 1, 3, 2, 4, 5])
     qb = b.Reshape(qb, b.vec(bsz, hkv, nqb, gbq, d))  # [B, H_kv, NQB, G*BQ, D]
-    kb = b.Reshape(b.Pad(kf, kv_pads), b.vec(bsz, hkv, nkb, bk, d))  # [B, H_kv, NKB, BK, D]
+    kb = b.Reshape(b.Pad(kf, kv_pads), b.vec(bsz, hkv, nkb, bk, d), check="expected k [B, H_kv, S_k, D] with q's B and D")  # [B, H_kv, NKB, BK, D]
     vb = b.Reshape(b.Pad(vf, kv_pads), b.vec(bsz, hkv, nkb, bk, d))
     # the run of key blocks each query block reads: nr blocks starting at `start`
     span = b.Add(b.Mul(b.Sub(i2, causal), w), b.Add(b.Sub(bq, i2), causal))  # keys a query block can reach
