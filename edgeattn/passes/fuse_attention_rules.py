@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from edgeattn.attention import DOMAIN, OP_TYPE
+from edgeattn.attention import DOMAIN, OP_TYPE, OPSET_VERSION
 from edgeattn.attention.onnx_node import PLUGIN_NAMESPACE
 from edgeattn.passes.fuse_attention_masks import MaskMeaning
 
@@ -35,8 +35,9 @@ class _WindowedRule(pattern.RewriteRuleClassBase):
             b_sk = op.Gather(op.Shape(k), op.Constant(value=ir.tensor(np.array([0, 2], np.int64))))
             pad = op.ConstantOfShape(b_sk, value=ir.tensor(np.array([True])))
         self.fused.append(root_name)
-        return getattr(op, OP_TYPE)(q, k, v, self.window, pad, _domain=DOMAIN, _version=1, causal=int(meaning.causal), sinks=0,
-                     scale=float(scale), plugin_namespace=PLUGIN_NAMESPACE)
+        return getattr(op, OP_TYPE)(q, k, v, self.window, pad, _domain=DOMAIN, _version=OPSET_VERSION,
+                                    causal=int(meaning.causal), sinks=0, scale=float(scale),
+                                    plugin_namespace=PLUGIN_NAMESPACE)
 
 
 def _rank(value: ir.Value | None) -> int | None:
