@@ -118,3 +118,15 @@ def test_real_smollm2_thirty_layers(tmp_path):
     bundle = build(src, BuildConfig(target="cpu", out=tmp_path / "b", seq=(1, 16, 64), strict=True))
     assert _fuse_details(bundle)["fused"] == 30
     assert bundle.manifest.sections["parity"]["max_abs_diff"] <= 1e-4
+
+
+def test_bench_sets_the_window_of_a_fused_bundle(exported, tmp_path, runner):
+    from edgeattn.cli.main import cli
+
+    path, _, _ = exported("bert", "dynamo")
+    bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b", seq=(1, 24, 64), parity=False))
+    result = runner.invoke(cli, ["bench", str(bundle.path), "--window", "4", "--iterations", "2", "--warmup", "0"])
+    assert result.exit_code == 0, result.output
+    assert "window 4" in result.output
+    bad = runner.invoke(cli, ["bench", str(bundle.path), "--window", "-1", "--iterations", "1"])
+    assert bad.exit_code != 0 and ">= 0" in bad.output
