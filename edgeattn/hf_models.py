@@ -77,6 +77,9 @@ def _smollm2_checkpoint(root: Path) -> Path:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(root), gguf_file=gguf.name)
     from edgeattn import atomic
 
+    model.hf_quantizer = None  # the weights are already dequantized to float; transformers 5 refuses to save otherwise
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     with atomic.directory(out) as staging:
         model.save_pretrained(staging)
         tok.save_pretrained(staging)

@@ -8,6 +8,7 @@ from edgeattn.errors import ConfigError
 from edgeattn.passes import GraphPass
 
 PASSES: dict[str, str] = {
+    "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
 }
 
