@@ -137,8 +137,8 @@ class FuseAttention:
         rule_set.apply_to_model(model)
         fused = _count(graph) - already
         left = _leftovers(graph, failures)
-        if fused or already:
-            _attach_function(model)
+        if fused or (already and (DOMAIN, OP_TYPE, "") not in model.functions):
+            _attach_function(model)  # a model that already carries its own body for the op keeps it
         elif not window.uses():
             graph.inputs.remove(window)
         common.RemoveUnusedNodesPass()(model)
