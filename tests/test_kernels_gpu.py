@@ -32,3 +32,20 @@ def test_bf16_real_shapes(s_q, s_k, window, sinks, causal):
     out = torch.ops.edgeattn.windowed_attention(q, k, v, torch.tensor(window, device="cuda"), sinks, causal, 0.0, None)
     ref = windowed_attention_torch(q.float(), k.float(), v.float(), window, sinks=sinks, causal=causal)
     assert (out.float() - ref).abs().max().item() <= 2e-2
+
+
+def test_torch_module_uses_the_kernel_on_cuda_and_hf_swap_runs():
+    """The attention module (issue 3) runs the Triton op on CUDA; a swapped HF model agrees with eager."""
+    import torch
+
+    from edgeattn.attention.reference import windowed_attention_torch
+    from edgeattn.attention.torch_module import windowed_attention
+
+    torch.manual_seed(1)
+    q = torch.randn(1, 8, 333, 64, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 333, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    mask = torch.ones(1, 333, dtype=torch.int64, device="cuda")
+    mask[0, -7:] = 0
+    out = windowed_attention(q, k, v, 64, mask, causal=True, sinks=4)
+    ref = windowed_attention_torch(q.float(), k.float(), v.float(), 64, sinks=4, causal=True, key_padding_mask=mask)
+    assert (out.float() - ref).abs().max().item() <= 1e-2

@@ -1,6 +1,7 @@
 """edgeattn::WindowedAttention in PyTorch: checked inputs, eager compute, and export to the ONNX op.
 
-Eagerly it computes the reference (docs/windowed-attention.md). Under `torch.onnx.export(..., dynamo=True)`
+On CUDA in fp16/bf16 it runs the Triton kernels (torch.ops.edgeattn.windowed_attention); otherwise
+eagerly it computes the reference (docs/windowed-attention.md). Under `torch.onnx.export(..., dynamo=True)`
 it emits one `edgeattn::WindowedAttention` node (torch.onnx.ops.symbolic); `edgeattn.export` then attaches
 the op's ONNX function so ONNX Runtime can run the model.
 """
@@ -50,6 +51,14 @@ def windowed_attention(q, k, v, window, key_padding_mask=None, *, causal: bool =
                  "plugin_namespace": PLUGIN_NAMESPACE}
         return torch.onnx.ops.symbolic(f"{DOMAIN}::{OP_TYPE}", [q, k, v, w, key_padding_mask], attrs,
                                        dtype=q.dtype, shape=q.shape, version=OPSET_VERSION)
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        import edgeattn.plugins.torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention (Triton)
+
+        w = window if isinstance(window, torch.Tensor) else torch.tensor(int(window), dtype=torch.int64)
+        if not isinstance(window, torch.Tensor) and int(window) < 0:
+            raise InputError(f"window: expected >= 0 (0 = full attention), found {int(window)}")
+        return torch.ops.edgeattn.windowed_attention(q, k, v, w.to(q.device, torch.int64), sinks, causal, scale,
+                                                     key_padding_mask)
     w = int(window)
     if w < 0:
         raise InputError(f"window: expected >= 0 (0 = full attention), found {w}")
