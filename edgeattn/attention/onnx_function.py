@@ -113,7 +113,8 @@ def _build(b: _Body) -> str:
     kpos_w = b.Reshape(b.Add(b.Unsqueeze(b.Mul(blocks, bk), b.const([2])), arange_bk),
                        b.vec(nqb, i1, lw))  # [NQB, 1, Lw]
     # sink blocks: the first ceil(sinks / BK) blocks, read by every query block
-    nsb = b.Min(b.Div(b.Add(sinks, b.Sub(bk, i1)), bk), nkb)
+    # at least one block even when sinks == 0 (then fully masked): zero-sized tensors break older ORT
+    nsb = b.Min(b.Max(b.Div(b.Add(sinks, b.Sub(bk, i1)), bk), i1), nkb)
     ls = b.Mul(nsb, bk)
     ks = b.Reshape(b.Slice(kb, b.const([0]), b.Unsqueeze(nsb, b.const([0])), b.const([2])),
                    b.vec(bsz, hkv, i1, ls, d))  # [B, H_kv, 1, Ls, D]
