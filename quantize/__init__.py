@@ -24,7 +24,7 @@ _EXPORTS = {
     "QuantLinear": "qlinear", "FakeQuantizer": "fake_quant",
     "distill": "distill", "DistillConfig": "distill", "init_distributed": "distill", "pool": "distill",
     "export_qdq": "export_qdq", "qdq_summary": "export_qdq",
-    "QuantizeJob": "pipeline", "run_quantize": "pipeline",
+    "QuantizeJob": "pipeline", "QuantizeResult": "pipeline", "run_quantize": "pipeline",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -43,8 +43,10 @@ def export_qdq(model: nn.Module, kind: str, out: str | Path, *, seq_len: int = 1
     packed = pack_int4(ir_model)
     summary = qdq_summary(ir_model)
     summary["int4_packed"] = packed
-    if summary["quantized_matmuls"] != len(layers):
-        raise BuildError(f"export: expected {len(layers)} quantized MatMuls, found {summary['quantized_matmuls']}")
+    summary["layers_not_in_graph"] = len(layers) - summary["weight_dq"]  # e.g. BERT's unused pooler
+    if summary["quantized_matmuls"] != summary["weight_dq"]:
+        raise BuildError(f"export: expected every weight DequantizeLinear ({summary['weight_dq']}) to feed a "
+                         f"MatMul directly, found {summary['quantized_matmuls']}")
     atomic.write_bytes(Path(path), ir.serde.serialize_model(ir_model).SerializeToString())
     return summary
 
@@ -68,12 +70,15 @@ def pack_int4(model: ir.Model) -> int:
 
 def qdq_summary(model: ir.Model) -> dict:
     """Count MatMuls whose weight input is DQ(constant) and whether their activation input is Q->DQ."""
-    counts = {"matmuls": 0, "quantized_matmuls": 0, "activation_qdq": 0, "weight_types": {}, "nonzero_zero_points": 0}
+    counts = {"matmuls": 0, "quantized_matmuls": 0, "activation_qdq": 0, "weight_types": {}, "nonzero_zero_points": 0,
+              "weight_dq": 0}
     for node in model.graph:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.inputs) > 2 and node.inputs[2] is not None:
             zp = node.inputs[2].const_value
             if zp is None or np.any(zp.numpy().astype(np.float32) != 0):
                 counts["nonzero_zero_points"] += 1
+        if node.op_type == "DequantizeLinear" and node.inputs[0].const_value is not None:
+            counts["weight_dq"] += 1
         if node.op_type not in ("MatMul", "Gemm"):
             continue
         counts["matmuls"] += 1
