@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("edgeattn.cli.bench_cmd", "bench", "Measure a bundle's latency percentiles and throughput."),
     "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
     "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
+    "quantize": ("edgeattn.cli.quantize_cmd", "quantize", "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX."),
+    "eval": ("edgeattn.cli.eval_cmd", "eval", "Fidelity of a quantized ONNX against the float model and against PTQ."),
 }
 
 
