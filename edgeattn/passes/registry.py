@@ -9,6 +9,7 @@ from edgeattn.passes import GraphPass
 
 PASSES: dict[str, str] = {
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
+    "qdq_cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
 }
 
 DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
