@@ -116,7 +116,7 @@ def distill(student: nn.Module, teacher: nn.Module, examples: dict[str, torch.Te
     if n < cfg.batch_size:
         raise InputError(f"distillation: expected at least batch_size={cfg.batch_size} training sequences, found {n}")
     device = _device(cfg)
-    student.to(device).train()
+    student.to(device).eval()  # dropout off: the student follows the teacher deterministically
     teacher.to(device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
