@@ -89,10 +89,11 @@ class QuantizeResult:
 def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> QuantizeResult:
     """prepare -> quantize_ -> calibrate -> distill -> export_qdq. Returns a manifest-style section."""
     from edgeattn.quantize.api import calibrate, quantize_
-    from edgeattn.quantize.distillation import DistillConfig, distill
+    from edgeattn.quantize.distillation import DistillConfig, distill, init_distributed
     from edgeattn.quantize.qdq_export import export_qdq
 
     model, tok, kind, examples = prepare(job, progress)
+    rank, _ = init_distributed()  # under torchrun: one process group, rank 0 exports
     teacher = copy.deepcopy(model)
     report = quantize_(model, job.config)
     calib = [{k: v[i:i + job.batch_size] for k, v in examples.items()}
@@ -102,10 +103,8 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     losses = distill(model, teacher, examples, kind,
                      DistillConfig(steps=job.steps, batch_size=job.batch_size, lr=job.lr, scale_lr=job.scale_lr,
                                    checkpoint_dir=job.checkpoint_dir, seed=job.seed)) if job.steps else []
-    from edgeattn.quantize.distillation import _dist
-
     summary = {}
-    if _dist()[0] == 0:
+    if rank == 0:
         summary = export_qdq(model, kind, job.out)
         progress(f"wrote {job.out}: {summary['quantized_matmuls']} quantized MatMuls")
     section = {"config": config_to_dict(job.config), "layers": report.as_dict(), "steps": job.steps,
