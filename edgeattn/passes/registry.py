@@ -10,6 +10,7 @@ from edgeattn.passes import GraphPass
 PASSES: dict[str, str] = {
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
+    "qdq_cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
 }
 
 DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
