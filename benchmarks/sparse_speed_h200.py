@@ -87,7 +87,8 @@ def time_int8(m: int, n: int, k: int) -> tuple[float, float]:
     w = two_four(torch.randint(-8, 8, (n, k), device="cuda", dtype=torch.int8))  # w: [N, K]
     compressed = torch._cslt_compress(w)
     # W [N, K] @ X^T [K, M] -> [N, M]: the sparse operand must come first for cuSPARSELt.
-    ref = torch._int_mm(x, w.t().contiguous()).t()
+    wt = w.t()  # column-major [K, N]: the layout cuBLASLt's int8 kernels want (a contiguous copy is slow)
+    ref = torch._int_mm(x, wt).t()
     out_dtype = None
     for dtype in (torch.int32, torch.float16, torch.int8):
         try:
@@ -100,7 +101,6 @@ def time_int8(m: int, n: int, k: int) -> tuple[float, float]:
         raise RuntimeError("torch._cslt_sparse_mm takes no int8 output type here")
     if out_dtype == torch.int32 and not torch.equal(got, ref):
         raise RuntimeError("int8 sparse result differs from dense")
-    wt = w.t().contiguous()
     dense = bench_ms(lambda: torch._int_mm(x, wt))
     sparse = bench_ms(lambda: torch._cslt_sparse_mm(compressed, x.t(), out_dtype=out_dtype))
     return dense, sparse
