@@ -22,6 +22,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("edgeattn.cli.bench_cmd", "bench", "Measure a bundle's latency percentiles and throughput."),
     "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
     "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
+    "sparsify": ("edgeattn.cli.sparsify_cmd", "sparsify", "Prune Linear weights 2:4 (where it pays), fine-tune with the masks, export ONNX."),
+    "check-sparsity": ("edgeattn.cli.check_sparsity_cmd", "check_sparsity",
+                       "Check which constant MatMul/Gemm/Conv weights of an ONNX model are 2:4 sparse."),
 }
 
 

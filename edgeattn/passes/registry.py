@@ -9,6 +9,7 @@ from edgeattn.passes import GraphPass
 
 PASSES: dict[str, str] = {
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
+    "check_sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",
 }
 
 DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
