@@ -9,7 +9,8 @@ from edgeattn.passes import GraphPass
 
 PASSES: dict[str, str] = {
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
-    "check_sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",
+    "check_sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before qdq_cpu rewrites the MatMuls
+    "qdq_cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
 }
 
 DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)

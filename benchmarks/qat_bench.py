@@ -1,0 +1,169 @@
+"""QAT benchmark: fidelity of QAT vs post-training quantization (same config) vs fp32, and ORT CPU speed.
+
+    python benchmarks/qat_bench.py minilm-w8a8 minilm-w4 smollm2-w8a8 smollm2-w4 speed   # run cases
+    python benchmarks/qat_bench.py table                                                 # print the table
+
+Each case writes benchmarks/results/qat_<case>.json; `table` prints every result found.
+Training text: gensim lee_background (MiniLM: all 300 documents, as sentences; SmolLM2: the first 80%).
+Held-out: pang_lee_polarity sentences (MiniLM), the last 20% of lee_background (SmolLM2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+WORK = Path(os.environ.get("EDGEATTN_BENCH_DIR", "/tmp/edgeattn-qat-bench"))
+
+CASES = {  # model, config name, block size, QAT steps, global batch, training seq len, eval seq len
+    "minilm-w8a8": ("minilm", "w8a8", None, 120, 8, 48, 128),
+    "minilm-w4": ("minilm", "w4", 32, 120, 8, 48, 128),
+    "smollm2-w8a8": ("smollm2", "w8a8", None, 40, 4, 96, 256),
+    "smollm2-w4": ("smollm2", "w4", 32, 40, 4, 96, 256),
+}
+
+
+def run_case(name: str, steps: int | None) -> dict:
+    import torch
+
+    from edgeattn import hf_models
+    from edgeattn.quantize import DistillConfig, calibrate, config_from_name, distill, export_qdq, quantize_
+    from edgeattn.quantize.evaluate import fidelity, heldout_texts, training_texts
+    from edgeattn.quantize.fidelity import onnx_forward, torch_forward
+    from edgeattn.quantize.pipeline import training_examples
+
+    model_name, cfg_name, block, default_steps, batch, seq, eval_seq = CASES[name]
+    steps = default_steps if steps is None else steps
+    torch.manual_seed(0)
+    model, tok, kind = hf_models.load(model_name)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    config = config_from_name(cfg_name, block_size=block)
+    teacher = copy.deepcopy(model)
+    examples = training_examples(tok, training_texts(kind), kind, seq)
+    held = heldout_texts(kind)
+    ref = torch_forward(teacher, kind)
+    report = quantize_(model, config)
+    t0 = time.time()
+    calibrate(model, [{k: v[i:i + batch] for k, v in examples.items()} for i in range(0, 16 * batch, batch)])
+    ptq = fidelity(kind, ref, torch_forward(model, kind), tok, held, eval_seq)
+    print(name, "PTQ", ptq, flush=True)
+    losses = distill(model, teacher, examples, kind, DistillConfig(steps=steps, batch_size=batch))
+    train_s = time.time() - t0
+    qat = fidelity(kind, ref, torch_forward(model, kind), tok, held, eval_seq)
+    print(name, "QAT (torch)", qat, flush=True)
+    out = WORK / f"{name}.qdq.onnx"
+    summary = export_qdq(model, kind, out)
+    onnx_fid = fidelity(kind, ref, onnx_forward(out), tok, held, eval_seq)
+    print(name, "QAT (ONNX Runtime)", onnx_fid, flush=True)
+    result = {"case": name, "model": model_name, "config": cfg_name, "block_size": block, "steps": steps,
+              "batch": batch, "seq_len": seq, "train_s": round(train_s, 1), "layers": len(report.quantized),
+              "float_layers": len(report.float_layers), "loss_first": losses[0] if losses else None,
+              "loss_last": losses[-1] if losses else None, "ptq": ptq, "qat_torch": qat, "qat_onnx": onnx_fid,
+              "onnx": str(out), "onnx_summary": summary}
+    _save(name, result)
+    return result
+
+
+def run_speed(repeats: int = 30) -> dict:
+    """The INT8 MiniLM bundle (edgeattn build --target cpu) vs ORT quantize_dynamic, at batch 1 and 8."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from edgeattn.build import BuildConfig, build
+    from edgeattn.export import export_hf
+
+    qdq = WORK / "minilm-w8a8.qdq.onnx"
+    if not qdq.is_file():
+        raise SystemExit(f"{qdq} missing: run the minilm-w8a8 case first")
+    fp32 = export_hf("minilm", WORK / "minilm.fp32.onnx")
+    dyn = WORK / "minilm.dynamic.onnx"
+    quantize_dynamic(str(fp32), str(dyn), weight_type=QuantType.QInt8, per_channel=True)
+    bundle = build(qdq, BuildConfig(target="cpu", out=WORK / "minilm-w8a8.edgeattn", parity_tolerance=0.5,
+                                    batch=(1, 1, 8), seq=(1, 128, 128)))
+    models = {"fp32": fp32, "ort quantize_dynamic": dyn, "edgeattn qdq (raw)": qdq,
+              "edgeattn bundle (cpu)": bundle.path / bundle.manifest.artifact}
+    rng = np.random.default_rng(0)
+    timings = {}
+    for label, path in models.items():
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        for b in (1, 8):
+            feeds = {"input_ids": rng.integers(1000, 20000, (b, 128)).astype(np.int64),
+                     "attention_mask": np.ones((b, 128), np.int64)}
+            for _ in range(3):
+                sess.run(None, feeds)
+            ts = []
+            for _ in range(repeats if b == 1 else max(5, repeats // 3)):
+                t = time.perf_counter()
+                sess.run(None, feeds)
+                ts.append((time.perf_counter() - t) * 1e3)
+            timings[f"{label} b{b}"] = float(np.median(ts))
+            print(f"{label} b{b}: {timings[f'{label} b{b}']:.1f} ms", flush=True)
+    result = {"case": "speed", "seq_len": 128, "median_ms": timings,
+              "bundle_ops": bundle.manifest.sections["engine"].get("op_counts", {}),
+              "passes": [p["summary"] for p in bundle.manifest.sections["passes"]]}
+    _save("speed", result)
+    return result
+
+
+def _save(name: str, result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"qat_{name}.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+def table() -> None:
+    print("| case | steps | PTQ (same config) | QAT torch | QAT ONNX Runtime | target |")
+    print("|---|---|---|---|---|---|")
+    targets = {"minilm-w8a8": "cos mean >= 0.995, min >= 0.98", "minilm-w4": "cos mean >= 0.98",
+               "smollm2-w8a8": "ppl <= +3%", "smollm2-w4": "ppl <= +10%"}
+    for name in CASES:
+        f = RESULTS / f"qat_{name}.json"
+        if not f.is_file():
+            print(f"| {name} | not run | | | | {targets[name]} |")
+            continue
+        r = json.loads(f.read_text())
+        fmt = _fmt_ppl if r["model"] == "smollm2" else _fmt_cos
+        print(f"| {name} | {r['steps']} | {fmt(r['ptq'])} | {fmt(r['qat_torch'])} | {fmt(r['qat_onnx'])} | {targets[name]} |")
+    f = RESULTS / "qat_speed.json"
+    if f.is_file():
+        r = json.loads(f.read_text())
+        print("\n| ORT CPU, MiniLM, seq 128, 2 threads | b1 ms | b8 ms |\n|---|---|---|")
+        for label in dict.fromkeys(k.rsplit(" ", 1)[0] for k in r["median_ms"]):
+            print(f"| {label} | {r['median_ms'][label + ' b1']:.1f} | {r['median_ms'][label + ' b8']:.1f} |")
+
+
+def _fmt_cos(d: dict) -> str:
+    return f"cos mean {d['cos_mean']:.4f} min {d['cos_min']:.4f}"
+
+
+def _fmt_ppl(d: dict) -> str:
+    return f"ppl {d['ppl']:.2f} vs {d['ppl_float']:.2f} ({d['ppl_increase_pct']:+.1f}%)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cases", nargs="*", default=[*CASES, "speed", "table"])
+    parser.add_argument("--steps", type=int, default=None, help="override the QAT steps of every case")
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    for case in args.cases:
+        if case == "table":
+            table()
+        elif case == "speed":
+            run_speed()
+        elif case in CASES:
+            run_case(case, args.steps)
+        else:
+            raise SystemExit(f"unknown case {case!r}: expected one of {', '.join([*CASES, 'speed', 'table'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""edgeattn quantize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--model", "model", required=True, help="Hugging Face folder or packaged alias (minilm, smollm2).")
+@click.option("--config", "config_name", required=True, help="w8a8, w4 (block-wise weight-only) or fp8.")
+@click.option("--block-size", type=int, default=None, help="w4 only: 32, 64 or 128 inputs per scale [32].")
+@click.option("--calib", type=click.Path(path_type=Path), default=None,
+              help="Text file, one text a line, for calibration and QAT [gensim's lee_background].")
+@click.option("--steps", type=int, default=200, show_default=True, help="Distillation steps; 0 = calibration only (PTQ).")
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--seq-len", type=int, default=64, show_default=True, help="Tokens per training sequence.")
+@click.option("--lr", type=float, default=1e-5, show_default=True, help="Learning rate of the weights.")
+@click.option("--scale-lr", type=float, default=1e-3, show_default=True, help="Learning rate of the log step sizes.")
+@click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None,
+              help="Write resumable checkpoints here (and resume from one found there).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output Q/DQ .onnx file.")
+def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, lr, scale_lr, checkpoint_dir, out):
+    """Quantization-aware training with distillation, exported as Q/DQ ONNX for TensorRT and ONNX Runtime."""
+    from edgeattn.quantize import data
+    from edgeattn.quantize.config import config_from_name
+    from edgeattn.quantize.pipeline import QuantizeJob, run_quantize
+
+    config = config_from_name(config_name, block_size=block_size) if config_name == "w4" and block_size \
+        else config_from_name(config_name, block_size=None)
+    texts = tuple(data.read_lines(calib)) if calib is not None else ()
+    job = QuantizeJob(model, config, out, texts=texts, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                      lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir)
+    result = run_quantize(job, progress=lambda m: click.echo(m, err=True))
+    s = result.section
+    if s["onnx"]:
+        click.echo(f"wrote {out}: {s['onnx']['quantized_matmuls']} quantized MatMuls "
+                   f"({', '.join(f'{k} {v}' for k, v in s['onnx']['weight_types'].items())} weights, "
+                   f"{s['onnx']['activation_qdq']} activation Q/DQ), {len(s['layers']['float_layers'])} Linear left in float")

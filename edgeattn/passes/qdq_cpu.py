@@ -1,0 +1,103 @@
+"""Lower INT8 Q/DQ MatMuls to ONNX Runtime's integer kernel for the cpu target.
+
+    MatMul(DQ(Q(x, sx, 0)), DQ(W_int8, sw[N], 0, axis=1))
+      -> MatMulIntegerToFloat(Q(x, sx, 128 as uint8), W_int8, sx, sw, 128)     (com.microsoft)
+
+A symmetric int8 activation shifted by 128 is exactly the uint8 one with zero point 128, so the result is
+the Q/DQ graph's, computed by ORT's u8s8 integer GEMM (what quantize_dynamic uses) instead of float
+MatMul on dequantized tensors. Applied to the cpu target only: the Q/DQ graph itself is what TensorRT
+builds. INT4 block-wise DQ -> MatMul is left to ORT's own MatMulNBits fusion.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from edgeattn.passes import PassContext, PassResult
+
+MS = "com.microsoft"
+FLOAT = "weight input is not DequantizeLinear"  # a float MatMul (attention scores): nothing to lower
+BLOCKWISE = "block-wise weight"  # INT4: ORT fuses DQ -> MatMul into MatMulNBits itself
+
+
+def _const(value: ir.Value | None) -> np.ndarray | None:
+    if value is None or value.const_value is None:
+        return None
+    return value.const_value.numpy()
+
+
+def _why_not(matmul: ir.Node) -> str | None:
+    """None when the MatMul matches the int8 Q/DQ pattern, else the reason it does not."""
+    a, b = (v.producer() if v is not None else None for v in matmul.inputs[:2])
+    if b is None or b.op_type != "DequantizeLinear":
+        return FLOAT
+    if b.attributes.get("block_size") is not None:
+        return BLOCKWISE
+    w, sw, zw = _const(b.inputs[0]), _const(b.inputs[1]), _const(b.inputs[2] if len(b.inputs) > 2 else None)
+    if w is None or w.dtype != np.int8 or w.ndim != 2:
+        return "weight is not a 2-D int8 constant"
+    if b.attributes.get_int("axis", 1) not in (1, -1):
+        return "weight scales are not per output column (axis 1)"
+    if sw is None or sw.size not in (1, w.shape[1]) or (zw is not None and np.any(zw != 0)):
+        return "weight scale / zero point are not constant and symmetric"
+    if a is None or a.op_type != "DequantizeLinear" or a.inputs[0].producer() is None \
+            or a.inputs[0].producer().op_type != "QuantizeLinear":
+        return "activation input is not QuantizeLinear -> DequantizeLinear"
+    q = a.inputs[0].producer()
+    sx, zx = _const(q.inputs[1]), _const(q.inputs[2] if len(q.inputs) > 2 else None)
+    if sx is None or sx.size != 1 or zx is None or zx.dtype != np.int8 or np.any(zx != 0):
+        return "activation is not per-tensor symmetric int8 with a constant scale"
+    if _const(a.inputs[1]) is None or float(_const(a.inputs[1]).reshape(())) != float(sx.reshape(())):
+        return "activation Q and DQ scales differ"
+    return None
+
+
+def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value) -> None:
+    dq_w = matmul.inputs[1].producer()
+    q = matmul.inputs[0].producer().inputs[0].producer()
+    x, sx = q.inputs[0], q.inputs[1]
+    quant = ir.node("QuantizeLinear", [x, sx, zero_u8], name=f"{matmul.name}/quantize_u8")
+    quant.outputs[0].dtype = ir.DataType.UINT8
+    fused = ir.node("MatMulIntegerToFloat", [quant.outputs[0], dq_w.inputs[0], sx, dq_w.inputs[1], zero_u8],
+                    domain=MS, name=f"{matmul.name}/int8")
+    fused.outputs[0].dtype = ir.DataType.FLOAT
+    fused.outputs[0].shape = matmul.outputs[0].shape
+    graph.insert_before(matmul, [quant, fused])
+    ir.convenience.replace_all_uses_with(matmul.outputs[0], fused.outputs[0])
+    if matmul.outputs[0] in graph.outputs:
+        graph.outputs[graph.outputs.index(matmul.outputs[0])] = fused.outputs[0]
+        fused.outputs[0].name = matmul.outputs[0].name
+    graph.remove(matmul, safe=True)
+
+
+class LowerQdqMatMulForCpu:
+    name = "qdq_cpu"
+
+    def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
+        if ctx.target.backend != "onnxruntime":
+            return PassResult(self.name, False, f"skipped: target {ctx.target.name} builds the Q/DQ graph itself")
+        graph = model.graph
+        lowered, problems = 0, []
+        zero_u8 = None
+        for node in list(graph):
+            if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+                continue
+            reason = _why_not(node)
+            if reason is not None:
+                if reason not in (FLOAT, BLOCKWISE):
+                    problems.append(f"{node.name or 'MatMul'}: kept as Q/DQ float MatMul: {reason}")
+                continue
+            if zero_u8 is None:
+                zero_u8 = ir.Value(name="qdq_cpu_zero_point_u8", const_value=ir.tensor(np.array(128, np.uint8), name="qdq_cpu_zero_point_u8"))
+                zero_u8.shape, zero_u8.dtype = ir.Shape([]), ir.DataType.UINT8
+                graph.register_initializer(zero_u8)
+            _lower(graph, node, zero_u8)
+            lowered += 1
+        if lowered:
+            model.opset_imports.setdefault(MS, 1)
+            import onnx_ir.passes.common as common
+
+            common.RemoveUnusedNodesPass()(model)
+        return PassResult(self.name, lowered > 0, f"{lowered} int8 Q/DQ MatMuls -> MatMulIntegerToFloat",
+                          {"lowered": lowered}, problems)

@@ -1,0 +1,109 @@
+"""quantize_ (prepare: insert fake quantizers) and calibrate (observers -> initial step sizes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from edgeattn.errors import ConfigError
+from edgeattn.quantize.config import FP8Config, QuantConfig, W4Config, W8A8Config
+from edgeattn.quantize.qlinear import QuantLinear
+
+
+@dataclass
+class QuantizeReport:
+    """What quantize_ did: which Linear layers got which config, and which stayed in float (and why)."""
+
+    config: str
+    quantized: dict[str, str] = field(default_factory=dict)  # module name -> config name
+    float_layers: dict[str, str] = field(default_factory=dict)  # module name -> reason
+
+    def as_dict(self) -> dict:
+        return {"config": self.config, "quantized": self.quantized, "float_layers": self.float_layers}
+
+
+def _wrap_linear(linear: nn.Linear, config: QuantConfig) -> QuantLinear:
+    return QuantLinear(linear, config)
+
+
+# The config's type selects the handler (torchao style); a new config type registers its own.
+HANDLERS: dict[type, Callable[[nn.Linear, QuantConfig], nn.Module]] = {
+    W8A8Config: _wrap_linear, W4Config: _wrap_linear, FP8Config: _wrap_linear,
+}
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and not isinstance(module, QuantLinear)
+
+
+def check_config(model: nn.Module, config: QuantConfig) -> None:
+    """Raise ConfigError for a layer the config cannot quantize (before any module is replaced)."""
+    if type(config) not in HANDLERS:
+        raise ConfigError(f"no quantization handler for {type(config).__name__}: expected one of "
+                          f"{', '.join(t.__name__ for t in HANDLERS)}")
+    for name, module in model.named_modules():
+        if not _is_linear(module):
+            continue
+        layer = config.for_layer(name)
+        if isinstance(layer, W4Config) and module.in_features % layer.block_size:
+            raise ConfigError(f"block size {layer.block_size} does not divide the input dimension of {name} "
+                              f"({module.in_features}); expected a divisor such as 32, 64 or 128")
+
+
+def quantize_(model: nn.Module, config: QuantConfig) -> QuantizeReport:
+    """Replace every Linear of `model` (in place) with a QuantLinear per `config` and its overrides."""
+    check_config(model, config)
+    report = QuantizeReport(config.name)
+    targets = [(name, m) for name, m in model.named_modules() if _is_linear(m)]
+    for name, linear in targets:
+        layer = config.for_layer(name)
+        if layer is None:
+            report.float_layers[name] = "override: kept in float"
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, HANDLERS[type(layer)](linear, layer))
+        report.quantized[name] = layer.name
+    return report
+
+
+def quant_linears(model: nn.Module) -> list[tuple[str, QuantLinear]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+
+
+def quantizers(model: nn.Module):
+    for _, m in quant_linears(model):
+        yield m.weight_quantizer
+        if m.input_quantizer is not None:
+            yield m.input_quantizer
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> int:
+    """Run `batches` (model keyword inputs) through the model with observers on; set initial scales.
+
+    Returns the number of batches seen. Weights are observed on the first batch."""
+    qs = list(quantizers(model))
+    if not qs:
+        raise ConfigError("calibrate: the model has no quantized layers; call quantize_ first")
+    for q in qs:
+        q.calibrating, q.calibrated = True, False
+    was_training = model.training
+    model.eval()
+    n = 0
+    for batch in batches:
+        model(**batch)
+        n += 1
+    if n == 0:
+        raise ConfigError("calibrate: expected at least one calibration batch, found none")
+    for q in qs:
+        q.finish_calibration()
+    model.train(was_training)
+    return n
+
+
+def scale_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [q.log_scale for q in quantizers(model) if q.log_scale.requires_grad]
