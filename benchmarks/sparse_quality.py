@@ -113,6 +113,7 @@ def main() -> None:
         from edgeattn.quantize.sparsity_qat import qat_after_sparsity
 
         figures["qat"] = qat_after_sparsity(student, dense, tok, kind, train_docs, args.qat_steps)
+        print(f"QAT: {json.dumps(figures['qat']['masks_kept'])} masks kept")
         measure("2:4 + W8A8 QAT", student)
         ok = all(is_two_four(m.weight) for m in masked_layers(student).values())
         print(f"masked weights still 2:4 after QAT: {ok}")

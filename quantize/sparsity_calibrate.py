@@ -1,12 +1,12 @@
-"""Calibrated 2:4 masks: choose and refit the kept weights from the layer's input statistics.
+"""Calibrated 2:4 masks: choose the pruned weights and update the kept ones from input statistics.
 
 For each Linear, one pass over calibration batches collects the Gram matrix G = X^T X of its inputs
-(X: [tokens, K]). The mask keeps, in every group of 4, the 2 weights of largest |w_j| * sqrt(G_jj) (the
-Wanda score: magnitude times input-channel norm). The kept weights of each output row are then refit by
-least squares so the pruned row reproduces the dense row's outputs on the calibration inputs:
-    w_S = argmin || X_S w_S - X w ||^2  =>  G_SS w_S = G_S: w   (S = kept columns, damped).
-Inputs come from the dense model (one pass), not layer-by-layer from the pruned one: simpler, and
-fine-tuning corrects the rest.
+(X: [tokens, K]); H = G + damping. Then the optimal-brain-surgeon recipe of SparseGPT (Frantar &
+Alistarh, 2023), written here from the paper: walk the columns of W in order; at the start of every
+group of 4 prune the 2 weights with the smallest w^2 / [H^-1]_jj^2; the error a pruned (or kept) column
+leaves is spread onto the columns not yet visited through the Cholesky factor of H^-1, so the pruned
+layer keeps reproducing the dense layer's outputs on the calibration inputs. Inputs come from the dense
+model in one pass (not layer by layer from the pruned one): simpler, and fine-tuning corrects the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Iterable
 from edgeattn.optional import require
 
 DAMP = 0.01  # ridge term, as a share of mean(diag G)
-ROW_CHUNK = 64  # rows solved together: chunk * (K/2)^2 floats at a time
+BLOCK = 128  # columns updated eagerly; the rest get one matrix product per block
 
 
 def collect_grams(model, linears: dict, batches: Iterable[dict]) -> dict:
@@ -41,33 +41,50 @@ def collect_grams(model, linears: dict, batches: Iterable[dict]) -> dict:
     return grams
 
 
-def wanda_mask(weight, gram):
-    """Keep the 2 of every 4 along K with the largest |w| * ||x_j||. weight: [N, K] -> mask [N, K]."""
+def _inverse_factor(gram):
+    """Upper Cholesky factor U of H^-1 (H = G + damping), or None when G carries no information."""
     torch = require("torch")
-    n, k = weight.shape
-    score = weight.abs() * gram.diagonal().clamp_min(0).sqrt().to(weight.dtype)  # [N, K]
-    keep = score.reshape(n, k // 4, 4).topk(2, dim=-1).indices
-    return torch.zeros(n, k // 4, 4, dtype=torch.bool).scatter_(-1, keep, True).reshape(n, k)
+    k = gram.shape[0]
+    mean_diag = float(gram.diagonal().mean())
+    if not bool(torch.isfinite(gram).all()) or mean_diag <= 0:
+        return None
+    h = gram + DAMP * mean_diag * torch.eye(k, dtype=gram.dtype)
+    dead = gram.diagonal() == 0  # channels that never fire: any value is as good
+    h[dead, dead] = 1.0
+    chol, info = torch.linalg.cholesky_ex(h)
+    if int(info):
+        return None
+    return torch.linalg.cholesky(torch.cholesky_inverse(chol), upper=True).float()
 
 
-def refit(weight, mask, gram):
-    """Least-squares values for the kept weights of each row (zeros elsewhere). -> [N, K]."""
+def prune_two_four(weight, gram):
+    """(pruned weight, kept mask) for W [N, K]: 2 of every 4 along K kept, the rest compensated."""
     torch = require("torch")
     n, k = weight.shape
-    w = weight.double()
-    out = torch.zeros_like(w)
-    if not bool(torch.isfinite(gram).all()) or float(gram.diagonal().mean()) <= 0:
-        return (w * mask).to(weight.dtype)  # no usable statistics (layer never ran): plain masked weights
-    g = gram + (DAMP * gram.diagonal().mean() + 1e-12) * torch.eye(k, dtype=gram.dtype)
-    kept = mask.nonzero()[:, 1].reshape(n, k // 2)  # [N, K/2] kept column indices per row
-    for r0 in range(0, n, ROW_CHUNK):
-        idx = kept[r0:r0 + ROW_CHUNK]  # [R, K/2]
-        g_ss = g[idx.unsqueeze(-1), idx.unsqueeze(-2)]  # [R, K/2, K/2]
-        rhs = (g[idx] @ w[r0:r0 + ROW_CHUNK].unsqueeze(-1))  # [R, K/2, 1] = G_S: w
-        chol, info = torch.linalg.cholesky_ex(g_ss)  # G_SS is symmetric positive definite (damped)
-        solved = torch.cholesky_solve(rhs, chol)
-        bad = (info != 0) | ~torch.isfinite(solved).all(-1).all(-1)
-        fallback = w[r0:r0 + ROW_CHUNK].gather(1, idx).unsqueeze(-1)  # rows whose system failed: plain mask
-        solved = torch.where(bad.reshape(-1, 1, 1), fallback, solved)
-        out[r0:r0 + ROW_CHUNK].scatter_(1, idx, solved.squeeze(-1))
-    return out.to(weight.dtype)
+    u = _inverse_factor(gram)
+    if u is None:  # no usable statistics (the layer never ran): plain magnitude masking
+        from edgeattn.quantize.sparsity import two_four_mask
+
+        mask = two_four_mask(weight)
+        return weight * mask, mask
+    w = weight.detach().float().clone()  # w: [N, K], updated in place as columns are visited
+    pruned = torch.zeros(n, k, dtype=torch.bool)
+    for b0 in range(0, k, BLOCK):
+        b1 = min(b0 + BLOCK, k)
+        wb, ub = w[:, b0:b1].clone(), u[b0:b1, b0:b1]  # [N, B], [B, B]
+        errs = torch.zeros_like(wb)
+        for j in range(b1 - b0):
+            if j % 4 == 0:  # choose this group's 2 pruned weights by the OBS saliency
+                saliency = wb[:, j:j + 4] ** 2 / ub.diagonal()[j:j + 4] ** 2  # [N, 4]
+                drop = saliency.topk(2, dim=1, largest=False).indices
+                pruned[:, b0 + j:b0 + j + 4].scatter_(1, drop, True)
+            col = wb[:, j]
+            q = torch.where(pruned[:, b0 + j], torch.zeros_like(col), col)
+            err = (col - q) / ub[j, j]
+            wb[:, j:] -= err.unsqueeze(1) * ub[j, j:].unsqueeze(0)
+            wb[:, j] = q
+            errs[:, j] = err
+        w[:, b0:b1] = wb
+        w[:, b1:] -= errs @ u[b0:b1, b1:]
+    mask = ~pruned
+    return (w * mask).to(weight.dtype), mask

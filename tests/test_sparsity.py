@@ -117,26 +117,21 @@ def test_tied_embedding_weight_is_not_pruned():
     assert report.pruned == [] and "tied" in report.as_dict()["skipped"]["head"]
 
 
-def test_calibrated_refit_beats_plain_masking_on_correlated_inputs():
+def test_calibrated_pruning_beats_plain_masking_on_correlated_inputs():
     import torch
 
-    from edgeattn.quantize.sparsity_calibrate import refit, wanda_mask
+    from edgeattn.quantize.sparsity import is_two_four, two_four_mask
+    from edgeattn.quantize.sparsity_calibrate import prune_two_four
 
     torch.manual_seed(0)
-    x = torch.randn(400, 4) @ torch.randn(4, 16) + 0.1 * torch.randn(400, 16)  # correlated channels
-    w = torch.randn(6, 16)
-    gram = (x.T @ x).double()
-    mask = wanda_mask(w, gram)
-    fitted = refit(w, mask, gram)
-    assert (fitted[~mask] == 0).all() and (mask.reshape(6, 4, 4).sum(-1) == 2).all()
-    err_plain = (x @ (w * mask).T - x @ w.T).norm()
-    err_fit = (x @ fitted.T - x @ w.T).norm()
-    assert err_fit < 0.5 * err_plain
-    # float64 NumPy reference for one row: ridge least squares on the kept columns
-    s = mask[0].numpy()
-    g = gram.numpy() + 0.01 * np.diag(gram.numpy()).mean() * np.eye(16)
-    ref = np.linalg.solve(g[np.ix_(s, s)], g[s] @ w[0].double().numpy())
-    assert np.allclose(fitted[0].numpy()[s], ref, rtol=1e-4, atol=1e-5)
+    x = torch.randn(400, 4) @ torch.randn(4, 32) + 0.1 * torch.randn(400, 32)  # correlated channels
+    w = torch.randn(6, 32)
+    pruned, mask = prune_two_four(w, (x.T @ x).double())
+    assert is_two_four(pruned) and (pruned[~mask] == 0).all() and (mask.reshape(6, 8, 4).sum(-1) == 2).all()
+    dense_out = x.double() @ w.double().T  # float64 reference outputs
+    err_plain = (x.double() @ (w * two_four_mask(w)).double().T - dense_out).norm()
+    err_obs = (x.double() @ pruned.double().T - dense_out).norm()
+    assert err_obs < 0.5 * err_plain
 
 
 def test_permutation_search_raises_kept_magnitude():
