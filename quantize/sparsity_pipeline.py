@@ -34,28 +34,36 @@ class SparsifyJob:
             raise ConfigError(f"calib_batches: expected >= 1, found {self.calib_batches}")
 
 
-def add_sparse_metadata(onnx_path: Path, layers: list[str]) -> None:
-    """Record the pruned layer names in the ONNX model's metadata, atomically."""
+def add_sparse_metadata(onnx_path: Path, layers: list[str], decisions: dict[str, dict] | None = None) -> None:
+    """Record the pruned layer names (and the per-layer decisions) in the ONNX metadata, atomically."""
     import onnx
 
     from edgeattn import atomic
-    from edgeattn.passes.check_sparsity import METADATA_KEY
+    from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY
 
     model = onnx.load(str(onnx_path))
-    kept = [p for p in model.metadata_props if p.key != METADATA_KEY]
+    kept = [p for p in model.metadata_props if p.key not in (METADATA_KEY, DECISIONS_KEY)]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     model.metadata_props.add(key=METADATA_KEY, value=json.dumps(layers))
+    if decisions:
+        model.metadata_props.add(key=DECISIONS_KEY, value=json.dumps(decisions))
     atomic.write_bytes(onnx_path, model.SerializeToString())
 
 
-def export_masked(model, kind: str, out: Path, layers: list[str], export: dict[str, Any]) -> Path:
+def decisions_of(report) -> dict[str, dict]:
+    """Compact per-layer decisions for the ONNX metadata (and so for the build manifest)."""
+    return {d.name: {"pruned": d.pruned, "basis": d.basis, "reason": d.reason} for d in report.layers}
+
+
+def export_masked(model, kind: str, out: Path, layers: list[str], export: dict[str, Any],
+                  decisions: dict[str, dict] | None = None) -> Path:
     """Export a copy whose masks are baked in (the constants are the masked weights)."""
     from edgeattn.export import ExportConfig, export_module
     from edgeattn.quantize.sparsity import strip_masks
 
     path = export_module(strip_masks(model), kind, out, ExportConfig(**export))
-    add_sparse_metadata(path, layers)
+    add_sparse_metadata(path, layers, decisions)
     return path
 
 
@@ -92,7 +100,7 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
             tok.save_pretrained(staging)
         section["saved_hf"] = str(job.save_hf)
     progress(f"exporting {out}")
-    export_masked(model, kind, out, report.pruned, job.export)
+    export_masked(model, kind, out, report.pruned, job.export, decisions_of(report))
     section["onnx"] = str(out)
     section["job"] = {"finetune": asdict(job.finetune), "calib_batches": job.calib_batches}
     atomic.write_text(out.with_name(out.name + SIDECAR_SUFFIX), json.dumps(section, indent=1))

@@ -42,12 +42,13 @@ def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str],
             "masks_kept": len(after) == masked and all(is_two_four(m.weight) for m in after.values())}
 
 
-def export_sparse_qdq(student, kind: str, out: str | Path, pruned: list[str]) -> dict[str, Any]:
+def export_sparse_qdq(student, kind: str, out: str | Path, pruned: list[str],
+                      decisions: dict[str, dict] | None = None) -> dict[str, Any]:
     """Export the QAT model as Q/DQ ONNX (masks baked in) and record the pruned layers in its metadata."""
     from edgeattn.quantize.export_qdq import export_qdq
     from edgeattn.quantize.sparsity import strip_masks
     from edgeattn.quantize.sparsity_pipeline import add_sparse_metadata
 
     summary = export_qdq(strip_masks(student), kind, out)
-    add_sparse_metadata(Path(out), pruned)
+    add_sparse_metadata(Path(out), pruned, decisions)
     return summary

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgeattn.build import BuildConfig, build
 from edgeattn.cli.main import cli
 from edgeattn.passes import PassContext
-from edgeattn.passes.check_sparsity import METADATA_KEY, CheckSparsity, check_model, groups_ok
+from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY, CheckSparsity, check_model, groups_ok
 from edgeattn.targets import get_target
 
 K, N = 16, 8
@@ -27,7 +27,7 @@ def _two_four(shape, axis, seed=0):
     return np.moveaxis(g.reshape(w.shape), -1, axis).copy()
 
 
-def _model(broken: bool = False, expected: list[str] | None = None) -> onnx.ModelProto:
+def _model(broken: bool = False, expected: list[str] | None = None, decisions: dict | None = None) -> onnx.ModelProto:
     mm = _two_four((K, N), 0)  # MatMul B: [K, N], reduce axis 0
     gemm = _two_four((N, K), 1, seed=1)  # Gemm transB=1: [N, K], reduce axis 1
     conv = _two_four((N, K, 1, 1), 1, seed=2)  # Conv: [O, C, 1, 1], reduce axis 1
@@ -64,6 +64,8 @@ def _model(broken: bool = False, expected: list[str] | None = None) -> onnx.Mode
     model.ir_version = 8
     if expected is not None:
         model.metadata_props.add(key=METADATA_KEY, value=json.dumps(expected))
+    if decisions is not None:
+        model.metadata_props.add(key=DECISIONS_KEY, value=json.dumps(decisions))
     return model
 
 
@@ -108,7 +110,8 @@ def test_groups_ok_matches_a_float64_reference():
 
 
 def test_pass_enables_sparse_weights_only_on_sparse_targets():
-    model = ir.serde.deserialize_model(_model(broken=True))
+    decisions = {"mm": {"pruned": True, "basis": "measured table", "reason": "gains: 1.4x"}}
+    model = ir.serde.deserialize_model(_model(broken=True, decisions=decisions))
     on_h100 = CheckSparsity()(model, PassContext(get_target("h100")))
     on_cpu = CheckSparsity()(model, PassContext(get_target("cpu")))
     assert on_h100.details["enable_sparse_weights"] is True and on_cpu.details["enable_sparse_weights"] is False
@@ -116,6 +119,7 @@ def test_pass_enables_sparse_weights_only_on_sparse_targets():
     assert "no sparse tensor cores" in on_cpu.summary
     assert len(on_h100.problems) == 1 and "mm.weight" in on_h100.problems[0]
     assert not on_h100.changed
+    assert on_h100.details["sparsify_decisions"] == decisions  # sparsify's per-layer decisions reach the manifest
 
 
 def test_build_manifest_reports_sparse_layers(tmp_path, tiny_onnx):

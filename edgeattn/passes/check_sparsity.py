@@ -20,6 +20,7 @@ import onnx_ir as ir
 from edgeattn.passes import PassContext, PassResult
 
 METADATA_KEY = "edgeattn.sparse_layers"  # JSON list of layer names `edgeattn sparsify` pruned
+DECISIONS_KEY = "edgeattn.sparsity_decisions"  # JSON {layer: {pruned, basis, reason}} from `edgeattn sparsify`
 MOSTLY_SPARSE = 0.5  # share of 2:4 groups above which a weight that is not all 2:4 counts as broken
 PASS_THROUGH = ("Transpose", "Cast", "Identity", "DequantizeLinear")
 
@@ -180,8 +181,13 @@ class CheckSparsity:
             note = ""
         counts = {s: sum(e.status == s for e in layers) for s in ("sparse", "dense", "broken", "skipped")}
         summary = ", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(layers)} weighted layers{note}"
-        return PassResult(self.name, False, summary,
-                          {"sparse_layers": sparse, "enable_sparse_weights": enable, "counts": counts,
-                           "sparse_tensor_cores": ctx.target.sparse_tensor_cores,
-                           "layers": [{**asdict(e), "sparse": e.sparse} for e in layers]},
-                          problems)
+        details = {"sparse_layers": sparse, "enable_sparse_weights": enable, "counts": counts,
+                   "sparse_tensor_cores": ctx.target.sparse_tensor_cores,
+                   "layers": [{**asdict(e), "sparse": e.sparse} for e in layers]}
+        raw = model.metadata_props.get(DECISIONS_KEY)
+        if raw:
+            try:
+                details["sparsify_decisions"] = json.loads(raw)
+            except json.JSONDecodeError:
+                problems.append(f"metadata {DECISIONS_KEY} is not JSON: the sparsify decisions are lost")
+        return PassResult(self.name, False, summary, details, problems)
