@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--calib-batches", type=int, default=16)
     parser.add_argument("--qat", action="store_true", help="then W8A8 QAT (edgeattn.quantize, issue 4), masks kept")
     parser.add_argument("--qat-steps", type=int, default=150)
+    parser.add_argument("--eval-docs", type=int, default=HELD_OUT_DOCS, help="held-out documents for perplexity")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -77,7 +78,7 @@ def main() -> None:
     dense, tok, kind = hf_models.load(args.model)
     student = copy.deepcopy(dense)
     docs = read_texts()
-    train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:]
+    train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
     ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len)
     calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1))
     calib = [next(calib) for _ in range(args.calib_batches)]
