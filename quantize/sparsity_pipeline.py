@@ -28,10 +28,14 @@ class SparsifyJob:
     calib_batches: int = 8  # batches for calibrated masks
     save_hf: str | None = None  # also save the pruned checkpoint (for `edgeattn quantize`, which keeps the zeros)
     export: dict[str, Any] = field(default_factory=dict)  # ExportConfig fields
+    qat: str | None = None  # then QAT with edgeattn.quantize (w8a8, w4, fp8), masks kept; Q/DQ export
+    qat_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.calib_batches < 1:
             raise ConfigError(f"calib_batches: expected >= 1, found {self.calib_batches}")
+        if self.qat_steps < 0:
+            raise ConfigError(f"qat_steps: expected >= 0, found {self.qat_steps}")
 
 
 def add_sparse_metadata(onnx_path: Path, layers: list[str], decisions: dict[str, dict] | None = None) -> None:
@@ -76,9 +80,9 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
 
     out = Path(out)
     model, tok, kind = hf_models.load(model_name)
-    teacher = copy.deepcopy(model) if job.finetune.steps else None
+    teacher = copy.deepcopy(model) if job.finetune.steps or job.qat else None
     calibration = None
-    if job.sparsity.method == "calibrated" or job.finetune.steps:
+    if job.sparsity.method == "calibrated" or job.finetune.steps or job.qat:
         texts = read_texts(job.calib)
     if job.sparsity.method == "calibrated":
         batches = text_batches(tok, texts, kind, FinetuneConfig(batch=8, seq_len=job.finetune.seq_len, seed=1))
@@ -100,7 +104,16 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
             tok.save_pretrained(staging)
         section["saved_hf"] = str(job.save_hf)
     progress(f"exporting {out}")
-    export_masked(model, kind, out, report.pruned, job.export, decisions_of(report))
+    if job.qat:
+        from edgeattn.quantize.config import config_from_name
+        from edgeattn.quantize.sparsity_qat import export_sparse_qdq, qat_after_sparsity
+
+        progress(f"QAT {job.qat}, {job.qat_steps} steps, masks kept")
+        section["qat"] = qat_after_sparsity(model, teacher, tok, kind, texts, job.qat_steps,
+                                            config=config_from_name(job.qat))
+        section["qdq"] = export_sparse_qdq(model, kind, out, report.pruned, decisions_of(report))
+    else:
+        export_masked(model, kind, out, report.pruned, job.export, decisions_of(report))
     section["onnx"] = str(out)
     section["job"] = {"finetune": asdict(job.finetune), "calib_batches": job.calib_batches}
     atomic.write_text(out.with_name(out.name + SIDECAR_SUFFIX), json.dumps(section, indent=1))

@@ -39,12 +39,12 @@ def _model(broken: bool = False, expected: list[str] | None = None, decisions: d
         mm[1, 3] = 0.5  # the group mm[0:4, 3] now holds one zero
     inits = [numpy_helper.from_array(a, n) for a, n in [
         (mm, "mm.weight"), (gemm, "gemm.weight"), (conv, "conv.weight"), (q, "q.weight"),
-        (np.array(0.02, np.float32), "q.scale"), (tw, "t.weight"), (dense, "dense.weight"), (odd, "odd.weight")]]
+        (np.full(N, 0.02, np.float32), "q.scale"), (np.zeros(N, np.int8), "q.zero"), (tw, "t.weight"), (dense, "dense.weight"), (odd, "odd.weight")]]
     nodes = [
         helper.make_node("MatMul", ["x", "mm.weight"], ["a"], name="mm"),
         helper.make_node("Gemm", ["x2d", "gemm.weight"], ["b"], name="gemm", transB=1),
         helper.make_node("Conv", ["x4", "conv.weight"], ["c"], name="conv"),
-        helper.make_node("DequantizeLinear", ["q.weight", "q.scale"], ["qw"], name="dq"),
+        helper.make_node("DequantizeLinear", ["q.weight", "q.scale", "q.zero"], ["qw"], name="dq", axis=1),  # per channel
         helper.make_node("MatMul", ["x", "qw"], ["d"], name="qmm"),
         helper.make_node("Transpose", ["t.weight"], ["tt"], name="tr", perm=[1, 0]),
         helper.make_node("MatMul", ["x", "tt"], ["e"], name="tmm"),

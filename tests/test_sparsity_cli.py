@@ -47,3 +47,23 @@ def test_sparsify_then_check(tiny_bert_dir, tmp_path, runner):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert set(data["sparse_layers"]) == set(pruned) - {"pooler.dense"}  # the pooler is not in the graph
+
+
+def test_sparsify_then_w8a8_qat_keeps_the_zeros_behind_dequantize(tiny_bert_dir, tmp_path, runner):
+    import onnx
+
+    from edgeattn.cli.main import cli
+
+    out = tmp_path / "tiny24q.onnx"
+    result = runner.invoke(cli, ["sparsify", "--model", str(tiny_bert_dir), "--out", str(out), "--method", "magnitude",
+                                 "--qat", "w8a8", "--qat-steps", "2", "--batch", "4"])
+    assert result.exit_code == 0, result.output
+    section = json.loads((tmp_path / "tiny24q.onnx.sparsity.json").read_text())
+    assert section["qat"]["masks_kept"] is True
+    ops = [n.op_type for n in onnx.load(str(out)).graph.node]
+    assert ops.count("DequantizeLinear") >= 6
+    result = runner.invoke(cli, ["check-sparsity", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    behind_dq = [e for e in data["layers"] if e["sparse"] and "DequantizeLinear" in e["reason"]]
+    assert {e["layer"] for e in behind_dq} == set(section["sparsity"]["pruned"]) - {"pooler.dense"}

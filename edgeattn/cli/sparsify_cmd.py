@@ -17,7 +17,7 @@ import click
 @click.option("--policy", type=click.Choice(["all", "speed"]), default="all", show_default=True,
               help="all: every eligible Linear; speed: only shapes where the speed table says 2:4 gains.")
 @click.option("--method", type=click.Choice(["magnitude", "calibrated"]), default="calibrated", show_default=True,
-              help="calibrated: |w| x input norm, kept weights refit by least squares on --calib text.")
+              help="calibrated: OBS saliency with error compensation (SparseGPT recipe) from --calib text.")
 @click.option("--tokens", default=2048, show_default=True, help="Tokens per GEMM (batch x sequence) for --policy speed.")
 @click.option("--gemm-dtype", type=click.Choice(["int8", "fp16"]), default="int8", show_default=True)
 @click.option("--speed-table", type=click.Path(exists=True, dir_okay=False),
@@ -26,10 +26,13 @@ import click
 @click.option("--skip", multiple=True, help="Module name pattern (fnmatch) never pruned; repeatable.")
 @click.option("--lr", default=1e-4, show_default=True)
 @click.option("--batch", default=16, show_default=True)
+@click.option("--qat", type=click.Choice(["w8a8", "w4", "fp8"]),
+              help="Then quantization-aware training (edgeattn quantize), masks kept; exports Q/DQ ONNX.")
+@click.option("--qat-steps", default=100, show_default=True)
 @click.option("--save-hf", type=click.Path(path_type=Path),
               help="Also save the pruned checkpoint, e.g. as input of `edgeattn quantize`.")
 def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
-             skip, lr, batch, save_hf):
+             skip, lr, batch, qat, qat_steps, save_hf):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
     from edgeattn.quantize.sparsity import SparsityConfig
     from edgeattn.quantize.sparsity_finetune import FinetuneConfig
@@ -39,7 +42,8 @@ def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gem
         sparsity=SparsityConfig(policy=policy, method=method, tokens=tokens, gemm_dtype=gemm_dtype,
                                 speed_table=speed_table, permute=permute, skip=tuple(skip)),
         finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch),
-        calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None)
+        calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None,
+        qat=qat, qat_steps=qat_steps if qat else 0)
     section = run_sparsify(model_name, out, job, progress=lambda m: click.echo(m, err=True))
     layers = section["sparsity"]["layers"]
     for d in layers:

@@ -62,7 +62,11 @@ def _constant(value: ir.Value | None, axis: int) -> tuple[np.ndarray, int, str, 
         if value.const_value is not None:
             array = value.const_value.numpy()
             if zero_point is not None:
-                array = array.astype(np.int64) - zero_point
+                zp, zp_axis = zero_point
+                shape = [1] * array.ndim
+                if zp.size > 1:
+                    shape[zp_axis % array.ndim] = zp.size
+                array = array.astype(np.int64) - zp.reshape(shape if zp.size > 1 else ())
             return array, axis, value.name or "?", " <- ".join(path)
         node = value.producer()
         if node is None:
@@ -84,11 +88,9 @@ def _constant(value: ir.Value | None, axis: int) -> tuple[np.ndarray, int, str, 
             zp = node.inputs[2] if len(node.inputs) > 2 else None
             if zp is not None and zp.const_value is None:
                 return f"DequantizeLinear zero point of {value.name} is not a constant"
-            zp_array = zp.const_value.numpy().astype(np.int64) if zp is not None else np.zeros(())
-            if zp_array.size > 1 or (zp_array.size == 1 and zp_array.reshape(()) != 0):
-                zero_point = zp_array if zp_array.size == 1 else None
-                if zero_point is None:
-                    return f"DequantizeLinear of {value.name} has a per-channel non-zero zero point"
+            zp_array = zp.const_value.numpy().astype(np.int64) if zp is not None else np.zeros(1, np.int64)
+            if zp_array.any():  # a zero weight is stored as its zero point
+                zero_point = (zp_array, node.attributes.get_int("axis", 1))
         value = node.inputs[0]
     return "no input"
 
