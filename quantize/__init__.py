@@ -22,8 +22,8 @@ _EXPORTS = {
     "quantize_": "api", "calibrate": "api", "QuantizeReport": "api", "HANDLERS": "api", "quant_linears": "api",
     "scale_parameters": "api",
     "QuantLinear": "qlinear", "FakeQuantizer": "fake_quant",
-    "distill": "distill", "DistillConfig": "distill", "init_distributed": "distill", "pool": "distill",
-    "export_qdq": "export_qdq", "qdq_summary": "export_qdq",
+    "distill": "distillation", "DistillConfig": "distillation", "init_distributed": "distillation",
+    "pool": "distillation", "export_qdq": "qdq_export", "qdq_summary": "qdq_export",
     "QuantizeJob": "pipeline", "QuantizeResult": "pipeline", "run_quantize": "pipeline",
 }
 __all__ = sorted(_EXPORTS)

@@ -33,7 +33,7 @@ def onnx_forward(path, threads: int = 0) -> Forward:
 
 
 def embeddings(forward: Forward, batches) -> torch.Tensor:
-    from edgeattn.quantize.distill import pool
+    from edgeattn.quantize.distillation import pool
 
     return torch.cat([pool(forward(b).float(), b["attention_mask"]) for b in batches])
 

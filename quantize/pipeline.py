@@ -89,8 +89,8 @@ class QuantizeResult:
 def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> QuantizeResult:
     """prepare -> quantize_ -> calibrate -> distill -> export_qdq. Returns a manifest-style section."""
     from edgeattn.quantize.api import calibrate, quantize_
-    from edgeattn.quantize.distill import DistillConfig, distill
-    from edgeattn.quantize.export_qdq import export_qdq
+    from edgeattn.quantize.distillation import DistillConfig, distill
+    from edgeattn.quantize.qdq_export import export_qdq
 
     model, tok, kind, examples = prepare(job, progress)
     teacher = copy.deepcopy(model)
@@ -102,7 +102,7 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     losses = distill(model, teacher, examples, kind,
                      DistillConfig(steps=job.steps, batch_size=job.batch_size, lr=job.lr, scale_lr=job.scale_lr,
                                    checkpoint_dir=job.checkpoint_dir, seed=job.seed)) if job.steps else []
-    from edgeattn.quantize.distill import _dist
+    from edgeattn.quantize.distillation import _dist
 
     summary = {}
     if _dist()[0] == 0:

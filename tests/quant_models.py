@@ -9,7 +9,7 @@ def tiny_bert(seed: int = 0):
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    cfg = transformers.BertConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   intermediate_size=128, max_position_embeddings=64)
     return transformers.BertModel(cfg, add_pooling_layer=False).eval()
 
@@ -18,13 +18,13 @@ def tiny_llama(seed: int = 0):
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
                                    architectures=["LlamaForCausalLM"])
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
-def token_batch(n: int = 8, seq: int = 12, seed: int = 0, vocab: int = 100) -> dict[str, torch.Tensor]:
+def token_batch(n: int = 8, seq: int = 12, seed: int = 0, vocab: int = 1024) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (n, seq), generator=g)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

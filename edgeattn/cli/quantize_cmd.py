@@ -27,8 +27,7 @@ def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, 
     from edgeattn.quantize.config import config_from_name
     from edgeattn.quantize.pipeline import QuantizeJob, run_quantize
 
-    config = config_from_name(config_name, block_size=block_size) if config_name == "w4" and block_size \
-        else config_from_name(config_name, block_size=None)
+    config = config_from_name(config_name, block_size=block_size)
     texts = tuple(data.read_lines(calib)) if calib is not None else ()
     job = QuantizeJob(model, config, out, texts=texts, steps=steps, batch_size=batch_size, seq_len=seq_len,
                       lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir)
