@@ -20,7 +20,7 @@ def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str],
     require("torch", "QAT")
     from edgeattn.quantize.api import calibrate, quantize_
     from edgeattn.quantize.config import W8A8Config, config_to_dict
-    from edgeattn.quantize.distill import DistillConfig, distill
+    from edgeattn.quantize.distillation import DistillConfig, distill
     from edgeattn.quantize.pipeline import training_examples
     from edgeattn.quantize.sparsity import is_two_four, masked_layers
 
@@ -45,7 +45,7 @@ def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str],
 def export_sparse_qdq(student, kind: str, out: str | Path, pruned: list[str],
                       decisions: dict[str, dict] | None = None) -> dict[str, Any]:
     """Export the QAT model as Q/DQ ONNX (masks baked in) and record the pruned layers in its metadata."""
-    from edgeattn.quantize.export_qdq import export_qdq
+    from edgeattn.quantize.qdq_export import export_qdq
     from edgeattn.quantize.sparsity import strip_masks
     from edgeattn.quantize.sparsity_pipeline import add_sparse_metadata
 
