@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                       "Write a Triton Inference Server model repository for a bundle."),
     "serve": ("edgeattn.cli.serve_cmd", "serve", "Serve bundles over KServe v2 / Triton HTTP with dynamic batching."),
     "window": ("edgeattn.cli.window_cmd", "window", "Get, set, lock or unlock a running server's attention window."),
+    "sparsify": ("edgeattn.cli.sparsify_cmd", "sparsify", "Prune Linear weights 2:4 (where it pays), fine-tune with the masks, export ONNX."),
+    "check-sparsity": ("edgeattn.cli.check_sparsity_cmd", "check_sparsity",
+                       "Check which constant MatMul/Gemm/Conv weights of an ONNX model are 2:4 sparse."),
     "quantize": ("edgeattn.cli.quantize_cmd", "quantize", "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX."),
     "eval": ("edgeattn.cli.eval_cmd", "eval", "Fidelity of a quantized ONNX against the float model and against PTQ."),
 }

@@ -10,6 +10,7 @@ from edgeattn.passes import GraphPass
 PASSES: dict[str, str] = {
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
+    "check_sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before qdq_cpu rewrites the MatMuls
     "qdq_cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
 }
 

@@ -1,0 +1,126 @@
+"""Quality of 2:4 pruning with mask-preserving fine-tuning (and, with --qat, W8A8 QAT on top).
+
+    python benchmarks/sparse_quality.py minilm --steps 300
+    python benchmarks/sparse_quality.py smollm2 --steps 250
+
+MiniLM: mean / min cosine of sentence embeddings (masked mean pooling, L2-normalised) to the dense
+fp32 model on the 200 held-out pang_lee_polarity sentences (never trained on). Target >= 0.97 (2:4 +
+fine-tune), >= 0.96 (2:4 + W8A8 QAT). SmolLM2: perplexity on the last 30 lee_background documents (the
+fine-tune uses the first 270), target within +25% of the dense model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from edgeattn import hf_models
+from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+from edgeattn.quantize.sparsity_finetune import FinetuneConfig, distill_, read_texts, text_batches
+
+HELD_OUT_DOCS = 30
+
+
+def polarity_sentences() -> list[str]:
+    root = Path(next(iter(importlib.util.find_spec("gensim").submodule_search_locations)))
+    lines = (root / "test" / "test_data" / "pang_lee_polarity.cor").read_text(encoding="cp1252").splitlines()
+    return [line.split(" ", 1)[1] for line in lines if line.strip()]
+
+
+@torch.no_grad()
+def embeddings(model, tok, sentences: list[str]) -> torch.Tensor:
+    out = []
+    for i in range(0, len(sentences), 32):
+        batch = tok(sentences[i:i + 32], padding=True, truncation=True, max_length=128, return_tensors="pt")
+        h = model(**batch).last_hidden_state  # [B, S, H]
+        m = batch["attention_mask"].unsqueeze(-1).float()
+        out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def perplexity(model, tok, docs: list[str], seq_len: int = 512) -> float:
+    ids = torch.tensor([t for d in docs for t in tok(d)["input_ids"]])
+    nll, count = 0.0, 0
+    for s in range(0, len(ids) - 1, seq_len):
+        x = ids[s:s + seq_len + 1].unsqueeze(0)
+        if x.shape[1] < 2:
+            break
+        logits = model(input_ids=x[:, :-1], use_cache=False).logits
+        nll += torch.nn.functional.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
+        count += x.shape[1] - 1
+    return float(torch.exp(torch.tensor(nll / count)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=["minilm", "smollm2"])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--permute", action="store_true")
+    parser.add_argument("--method", choices=["magnitude", "calibrated"], default="calibrated")
+    parser.add_argument("--calib-batches", type=int, default=16)
+    parser.add_argument("--qat", action="store_true", help="then W8A8 QAT (edgeattn.quantize, issue 4), masks kept")
+    parser.add_argument("--qat-steps", type=int, default=150)
+    parser.add_argument("--eval-docs", type=int, default=HELD_OUT_DOCS, help="held-out documents for perplexity")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    dense, tok, kind = hf_models.load(args.model)
+    student = copy.deepcopy(dense)
+    docs = read_texts()
+    train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
+    ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len)
+    calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1))
+    calib = [next(calib) for _ in range(args.calib_batches)]
+    t0 = time.time()
+    report = sparsify_(student, SparsityConfig(policy="all", permute=args.permute, method=args.method),
+                       calibration=calib)
+    print(f"pruned {len(report.pruned)} Linear layers 2:4 ({args.method}, {time.time() - t0:.0f} s); "
+          f"skipped: {json.dumps(report.as_dict()['skipped'])}")
+    sentences = polarity_sentences()
+    figures: dict = {"model": args.model, "method": args.method, "pruned_layers": len(report.pruned)}
+
+    def measure(label: str, model) -> None:
+        if kind == "decoder":
+            figures[label] = {"perplexity": perplexity(model, tok, eval_docs)}
+        else:
+            cos = (embeddings(model, tok, sentences) * reference).sum(-1)
+            figures[label] = {"cosine_mean": cos.mean().item(), "cosine_min": cos.min().item()}
+        print(f"{label:28} {json.dumps(figures[label])}", flush=True)
+
+    reference = None if kind == "decoder" else embeddings(dense, tok, sentences)
+    measure("dense fp32", dense)
+    measure("2:4 pruned, no fine-tune", student)
+    t0 = time.time()
+    figures["finetune"] = distill_(student, dense, text_batches(tok, train_docs, kind, ft), kind, ft, progress=print)
+    measure("2:4 + fine-tune", student)
+    ok = all(is_two_four(m.weight) for m in masked_layers(student).values())
+    print(f"all {len(masked_layers(student))} masked weights still 2:4 after fine-tuning: {ok} "
+          f"({time.time() - t0:.0f} s)")
+    if kind == "decoder":
+        rel = figures["2:4 + fine-tune"]["perplexity"] / figures["dense fp32"]["perplexity"] - 1
+        print(f"perplexity change: {rel:+.1%} (target <= +25%)")
+    if args.qat:
+        from edgeattn.quantize.sparsity_qat import qat_after_sparsity
+
+        figures["qat"] = qat_after_sparsity(student, dense, tok, kind, train_docs, args.qat_steps)
+        print(f"QAT: {json.dumps(figures['qat']['masks_kept'])} masks kept")
+        measure("2:4 + W8A8 QAT", student)
+        ok = all(is_two_four(m.weight) for m in masked_layers(student).values())
+        print(f"masked weights still 2:4 after QAT: {ok}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""edgeattn sparsify."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--model", "model_name", required=True,
+              help="Hugging Face folder, or a packaged alias (minilm, smollm2).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output .onnx file.")
+@click.option("--finetune-steps", default=0, show_default=True, help="Distillation steps with the masks on.")
+@click.option("--calib", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="Text file, one document a line (default: gensim's lee_background news corpus).")
+@click.option("--policy", type=click.Choice(["all", "speed"]), default="all", show_default=True,
+              help="all: every eligible Linear; speed: only shapes where the speed table says 2:4 gains.")
+@click.option("--method", type=click.Choice(["magnitude", "calibrated"]), default="calibrated", show_default=True,
+              help="calibrated: OBS saliency with error compensation (SparseGPT recipe) from --calib text.")
+@click.option("--tokens", default=2048, show_default=True, help="Tokens per GEMM (batch x sequence) for --policy speed.")
+@click.option("--gemm-dtype", type=click.Choice(["int8", "fp16"]), default="int8", show_default=True)
+@click.option("--speed-table", type=click.Path(exists=True, dir_okay=False),
+              help="JSON from benchmarks/sparse_speed_h200.py (default: the packaged H200 table).")
+@click.option("--permute", is_flag=True, help="Search input-channel permutations that keep more magnitude.")
+@click.option("--skip", multiple=True, help="Module name pattern (fnmatch) never pruned; repeatable.")
+@click.option("--lr", default=1e-4, show_default=True)
+@click.option("--batch", default=16, show_default=True)
+@click.option("--qat", type=click.Choice(["w8a8", "w4", "fp8"]),
+              help="Then quantization-aware training (edgeattn quantize), masks kept; exports Q/DQ ONNX.")
+@click.option("--qat-steps", default=100, show_default=True)
+@click.option("--save-hf", type=click.Path(path_type=Path),
+              help="Also save the pruned checkpoint, e.g. as input of `edgeattn quantize`.")
+def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
+             skip, lr, batch, qat, qat_steps, save_hf):
+    """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
+    from edgeattn.quantize.sparsity import SparsityConfig
+    from edgeattn.quantize.sparsity_finetune import FinetuneConfig
+    from edgeattn.quantize.sparsity_pipeline import SIDECAR_SUFFIX, SparsifyJob, run_sparsify
+
+    job = SparsifyJob(
+        sparsity=SparsityConfig(policy=policy, method=method, tokens=tokens, gemm_dtype=gemm_dtype,
+                                speed_table=speed_table, permute=permute, skip=tuple(skip)),
+        finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch),
+        calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None,
+        qat=qat, qat_steps=qat_steps if qat else 0)
+    section = run_sparsify(model_name, out, job, progress=lambda m: click.echo(m, err=True))
+    layers = section["sparsity"]["layers"]
+    for d in layers:
+        click.echo(f"{'2:4  ' if d['pruned'] else 'dense'} {d['name']:48} {d['out_features']}x{d['in_features']:<6} {d['reason']}")
+    click.echo(f"pruned {len(section['sparsity']['pruned'])} of {len(layers)} Linear layers; wrote {out} "
+               f"and {out.name}{SIDECAR_SUFFIX}")

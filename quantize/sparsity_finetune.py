@@ -1,0 +1,134 @@
+"""Mask-preserving fine-tuning after 2:4 pruning: distil the pruned student from its float teacher.
+
+Encoders: MSE between the student's and the teacher's hidden states (every layer, padding masked out).
+Decoders: KL divergence of the next-token distributions. Only Linear weights train; the masks of
+`edgeattn.quantize.sparsity` stay on (masked entries get zero gradient), so the zeros survive.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from edgeattn.errors import ConfigError, InputError
+from edgeattn.optional import require
+
+LOSSES = ("auto", "hidden", "logits")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    steps: int = 200
+    lr: float = 1e-4
+    batch: int = 16
+    seq_len: int = 128
+    seed: int = 0
+    loss: str = "auto"  # auto: hidden for encoders, logits for decoders
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ConfigError(f"steps: expected >= 0, found {self.steps}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr: expected > 0, found {self.lr}")
+        if self.batch < 1 or self.seq_len < 8:
+            raise ConfigError(f"batch/seq_len: expected >= 1 and >= 8, found {self.batch}/{self.seq_len}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"loss: expected one of {', '.join(LOSSES)}, found {self.loss!r}")
+
+
+def read_texts(path: str | Path | None = None) -> list[str]:
+    """Documents, one a line: from `path`, or gensim's lee_background news corpus (300 documents)."""
+    if path is None:
+        spec = importlib.util.find_spec("gensim")
+        if spec is None or not spec.submodule_search_locations:
+            raise InputError("no --calib text given and gensim is not installed: pip install 'edgeattn[models]'")
+        path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data" / "lee_background.cor"
+        lines = Path(path).read_text(encoding="latin-1").splitlines()
+    else:
+        try:
+            lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as exc:
+            raise InputError(f"calibration text {path}: cannot read it ({exc.strerror})") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise InputError(f"calibration text {path}: expected one document a line, found none")
+    return texts
+
+
+def text_batches(tokenizer, texts: list[str], kind: str, config: FinetuneConfig) -> Iterator[dict]:
+    """Endless random batches: sentences (encoders) or token windows of seq_len (decoders)."""
+    torch = require("torch")
+    gen = torch.Generator().manual_seed(config.seed)
+    if kind == "decoder":
+        ids = torch.tensor([t for doc in texts for t in tokenizer(doc)["input_ids"]])
+        if len(ids) <= config.seq_len:
+            raise InputError(f"calibration text: expected more than {config.seq_len} tokens, found {len(ids)}")
+        while True:
+            starts = torch.randint(0, len(ids) - config.seq_len, (config.batch,), generator=gen)
+            x = torch.stack([ids[s:s + config.seq_len] for s in starts.tolist()])  # x: [B, S]
+            yield {"input_ids": x, "attention_mask": torch.ones_like(x)}
+    sentences = [s.strip() + "." for doc in texts for s in doc.split(". ") if len(s.split()) >= 3]
+    while True:
+        pick = torch.randint(0, len(sentences), (config.batch,), generator=gen).tolist()
+        yield dict(tokenizer([sentences[i] for i in pick], padding=True, truncation=True,
+                             max_length=config.seq_len, return_tensors="pt"))
+
+
+def _loss(student, teacher, batch, kind: str):
+    torch = require("torch")
+    f = torch.nn.functional
+    if kind == "logits":
+        s = student(**batch, use_cache=False).logits
+        with torch.no_grad():
+            t = teacher(**batch, use_cache=False).logits
+        return f.kl_div(f.log_softmax(s, -1), f.log_softmax(t, -1), log_target=True, reduction="batchmean") / s.shape[1]
+    s = student(**batch, output_hidden_states=True).hidden_states[1:]
+    with torch.no_grad():
+        t = teacher(**batch, output_hidden_states=True).hidden_states[1:]
+    mask = batch["attention_mask"].unsqueeze(-1).to(s[0].dtype)  # [B, S, 1]
+    per_layer = [(((a - b) * mask) ** 2).sum() / (mask.sum() * a.shape[-1]) / b.var() for a, b in zip(s, t)]
+    return torch.stack(per_layer).mean()
+
+
+def distill_(student, teacher, batches: Iterator[dict], kind: str, config: FinetuneConfig = FinetuneConfig(),
+             progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+    """Fine-tune `student` (pruned, masks on) towards `teacher` in place; returns a manifest section."""
+    torch = require("torch", "fine-tuning")
+    loss_kind = config.loss if config.loss != "auto" else ("logits" if kind == "decoder" else "hidden")
+    torch.manual_seed(config.seed)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    params = []
+    for m in student.modules():
+        for p in m.parameters(recurse=False):
+            p.requires_grad_(False)
+    for m in student.modules():
+        if isinstance(m, torch.nn.Linear) and m.in_features % 4 == 0:
+            for p in m.parameters():  # parametrized weights expose `original` here
+                if p.data_ptr() not in {q.data_ptr() for q in params}:
+                    p.requires_grad_(True)
+                    params.append(p)
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(config.steps, 1)))
+    student.eval()  # dropout off: the target is the teacher's deterministic output
+    losses, started = [], time.time()
+    for step in range(config.steps):
+        loss = _loss(student, teacher, next(batches), loss_kind)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 20 == 0 or step == config.steps - 1:
+            progress(f"step {step + 1}/{config.steps} loss {losses[-1]:.4g}")
+    student.eval()
+    for p in params:
+        p.requires_grad_(False)
+    return {"config": asdict(config), "loss": loss_kind, "trained_tensors": len(params),
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "seconds": round(time.time() - started, 1)}

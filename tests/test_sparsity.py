@@ -1,0 +1,224 @@
+"""2:4 masks on Linear weights: selection, parametrization, gradients, QAT composition, speed rule."""
+
+import json
+
+import numpy as np
+import pytest
+
+from onnx_fixtures import requires_torch
+
+pytestmark = [requires_torch, pytest.mark.torch]
+
+
+def _np_two_four(w: np.ndarray) -> np.ndarray:
+    """float64 NumPy reference: keep the 2 largest |w| of every 4 along the last axis."""
+    groups = np.abs(w).reshape(w.shape[0], -1, 4)
+    order = np.argsort(-groups, axis=-1, kind="stable")[..., :2]
+    mask = np.zeros_like(groups, dtype=bool)
+    np.put_along_axis(mask, order, True, axis=-1)
+    return mask.reshape(w.shape)
+
+
+def _model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 12),
+                               torch.nn.ReLU(), torch.nn.Linear(12 + 0, 6), torch.nn.Linear(6, 3))
+
+
+def test_mask_keeps_two_largest_of_every_four():
+    import torch
+
+    from edgeattn.quantize.sparsity import is_two_four, kept_magnitude, two_four_mask
+
+    w = torch.randn(8, 16, dtype=torch.float64)
+    mask = two_four_mask(w)
+    assert np.array_equal(mask.numpy(), _np_two_four(w.numpy()))
+    assert (mask.reshape(8, 4, 4).sum(-1) == 2).all()
+    assert is_two_four(w * mask) and not is_two_four(w)
+    ref = (np.abs(w.numpy()) * _np_two_four(w.numpy())).sum() / np.abs(w.numpy()).sum()
+    assert kept_magnitude(w) == pytest.approx(ref, rel=1e-9)
+
+
+def test_sparsify_prunes_eligible_layers_and_reports_skipped():
+    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+
+    model = _model()
+    report = sparsify_(model, SparsityConfig(skip=("4",)))
+    assert report.pruned == ["0", "2"]  # K = 16, 32
+    skipped = report.as_dict()["skipped"]
+    assert skipped["4"] == "skipped by config.skip"
+    assert "K = in_features = 6 is not a multiple of 4" in skipped["5"]
+    assert set(masked_layers(model)) == {"0", "2"}
+    for m in masked_layers(model).values():
+        assert is_two_four(m.weight)
+
+
+def test_masked_entries_get_zero_gradient_and_stay_zero_through_training():
+    import torch
+
+    from edgeattn.quantize.sparsity import is_two_four, masked_layers, sparsify_
+
+    model = _model()
+    sparsify_(model)
+    layer = model[0]
+    mask = layer.parametrizations.weight[0].mask
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(5):
+        loss = model(torch.randn(4, 16)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        assert (layer.parametrizations.weight.original.grad[~mask] == 0).all()
+        opt.step()
+    assert all(is_two_four(m.weight) for m in masked_layers(model).values())
+
+
+def test_fake_quantized_weights_keep_the_zeros():
+    """QAT's fake quantizer reads module.weight: symmetric int8 per-channel keeps zeros, grads stay masked."""
+    import torch
+
+    from edgeattn.quantize.sparsity import is_two_four, sparsify_
+
+    model = _model()
+    sparsify_(model)
+    layer = model[2]
+    w = layer.weight  # the masked weight, as every reader sees it
+    scale = w.detach().abs().amax(1) / 127
+    wq = torch.fake_quantize_per_channel_affine(w, scale, torch.zeros_like(scale, dtype=torch.int32), 0, -127, 127)
+    assert is_two_four(wq.detach())
+    wq.sum().backward()
+    mask = layer.parametrizations.weight[0].mask
+    assert (layer.parametrizations.weight.original.grad[~mask] == 0).all()
+
+
+def test_strip_masks_bakes_the_masked_weight_into_a_copy():
+    import torch
+
+    from edgeattn.quantize.sparsity import has_mask, reapply_existing_masks_, sparsify_, strip_masks
+
+    model = _model()
+    pruned = sparsify_(model).pruned
+    plain = strip_masks(model)
+    assert not any(has_mask(m) for m in plain.modules()) and has_mask(model[0])
+    assert torch.equal(plain[0].weight, model[0].weight)
+    assert isinstance(plain[0].weight, torch.nn.Parameter)
+    assert reapply_existing_masks_(plain) == pruned == ["0", "2", "4"]  # a reloaded pruned checkpoint keeps its zeros
+
+
+def test_tied_embedding_weight_is_not_pruned():
+    import torch
+
+    from edgeattn.quantize.sparsity import sparsify_
+
+    emb, head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10, bias=False)
+    head.weight = emb.weight
+    report = sparsify_(torch.nn.ModuleDict({"emb": emb, "head": head}))
+    assert report.pruned == [] and "tied" in report.as_dict()["skipped"]["head"]
+
+
+def test_calibrated_pruning_beats_plain_masking_on_correlated_inputs():
+    import torch
+
+    from edgeattn.quantize.sparsity import is_two_four, two_four_mask
+    from edgeattn.quantize.sparsity_calibrate import prune_two_four
+
+    torch.manual_seed(0)
+    x = torch.randn(400, 4) @ torch.randn(4, 32) + 0.1 * torch.randn(400, 32)  # correlated channels
+    w = torch.randn(6, 32)
+    pruned, mask = prune_two_four(w, (x.T @ x).double())
+    assert is_two_four(pruned) and (pruned[~mask] == 0).all() and (mask.reshape(6, 8, 4).sum(-1) == 2).all()
+    dense_out = x.double() @ w.double().T  # float64 reference outputs
+    err_plain = (x.double() @ (w * two_four_mask(w)).double().T - dense_out).norm()
+    err_obs = (x.double() @ pruned.double().T - dense_out).norm()
+    assert err_obs < 0.5 * err_plain
+
+
+def test_permutation_search_raises_kept_magnitude():
+    import torch
+
+    from edgeattn.quantize.sparsity import kept_magnitude
+    from edgeattn.quantize.sparsity_permute import search_permutation
+
+    w = torch.full((4, 16), 0.01)
+    w[:, :4] = 1.0  # all large weights in one group: 2:4 must drop half of them
+    perm = search_permutation(w, iters=300)
+    assert sorted(perm.tolist()) == list(range(16))
+    assert kept_magnitude(w) < 0.55 and kept_magnitude(w[:, perm]) > 0.95
+
+
+def test_ffn_pair_permutation_preserves_the_function():
+    import torch
+
+    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
+
+    torch.manual_seed(0)
+    block = torch.nn.ModuleDict({"intermediate": torch.nn.ModuleDict({"dense": torch.nn.Linear(8, 32)}),
+                                 "output": torch.nn.ModuleDict({"dense": torch.nn.Linear(32, 8)})})
+    layer = torch.nn.ModuleDict({"layer": block})
+
+    def run(x):
+        return block["output"]["dense"](torch.nn.functional.gelu(block["intermediate"]["dense"](x)))
+
+    x = torch.randn(5, 8)
+    before = run(x)
+    report = sparsify_(layer, SparsityConfig(permute=True, permute_iters=200, skip=("*",)))
+    assert report.pruned == []  # skip everything: only the permutation acts
+    assert torch.allclose(run(x), before, atol=1e-5)
+    entry = {d.name: d for d in report.layers}["layer.output.dense"]
+    assert entry.reason == "skipped by config.skip"
+
+
+def test_speed_table_decides_from_measurements_and_falls_back_to_the_rule(tmp_path):
+    from edgeattn.errors import ConfigError
+    from edgeattn.quantize.sparsity_speed import RULE_MIN_MACS, load_table
+
+    table = load_table()  # the packaged H200 measurement
+    small = table.decide(384, 384, 2048, "fp16")
+    assert small.basis == "measured table" and not small.gains and small.speedup < 1
+    unknown = table.decide(1000, 1000, 128, "fp16")
+    assert unknown.basis == "size rule" and not unknown.gains
+    assert table.decide(1000, 1000, 10**6, "int8").gains == (1000 * 1000 * 10**6 >= RULE_MIN_MACS)
+    # the benchmark's own JSON, error rows included, is accepted
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": "edgeattn.sparse_speed/1", "device": "NVIDIA H200", "rows": [
+        {"M": 512, "N": 64, "K": 64, "dtype": "int8", "dense_ms": 2.0, "sparse_ms": 1.0, "speedup": 2.0, "error": None},
+        {"M": 8192, "N": 64, "K": 64, "dtype": "int8", "dense_ms": None, "sparse_ms": None, "speedup": None,
+         "error": "RuntimeError: no kernel"}]}))
+    mine = load_table(path)
+    assert mine.decide(64, 64, 600, "int8").gains  # nearest M is 512
+    assert "failed" in mine.decide(64, 64, 8000, "int8").reason
+    path.write_text(json.dumps({"schema": "other/2", "rows": []}))
+    with pytest.raises(ConfigError, match="expected schema"):
+        load_table(path)
+
+
+def test_speed_policy_prunes_only_where_the_target_gains(tmp_path):
+    import torch
+
+    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"rows": [
+        {"M": 2048, "N": 32, "K": 16, "dtype": "int8", "speedup": 1.5},
+        {"M": 2048, "N": 12, "K": 32, "dtype": "int8", "speedup": 0.2}]}))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 12), torch.nn.Linear(12, 8))
+    report = sparsify_(model, SparsityConfig(policy="speed", speed_table=str(path)))
+    by = {d.name: d for d in report.layers}
+    assert report.pruned == ["0"] and by["0"].basis == "measured table" and by["0"].speedup == 1.5
+    assert "loses" in by["1"].reason
+    assert by["2"].basis == "size rule"
+
+
+def test_config_validation():
+    from edgeattn.errors import ConfigError
+    from edgeattn.quantize.sparsity import SparsityConfig
+
+    with pytest.raises(ConfigError, match="policy"):
+        SparsityConfig(policy="some")
+    with pytest.raises(ConfigError, match="speed_table"):
+        SparsityConfig(speed_table="/nonexistent.json")
+    with pytest.raises(ConfigError, match="calibration"):
+        from edgeattn.quantize.sparsity import sparsify_
+
+        sparsify_(_model(), SparsityConfig(method="calibrated"))
