@@ -1,7 +1,7 @@
 """`edgeattn sparsify`: HF model -> 2:4 pruned (where it pays), fine-tuned with masks -> ONNX + manifest.
 
 The exported ONNX carries the pruned layer names in its metadata (`edgeattn.sparse_layers`), so
-`edgeattn check-sparsity` and the build's check_sparsity pass know which weights must be 2:4. A JSON
+`edgeattn check-sparsity` and the build's check-sparsity pass know which weights must be 2:4. A JSON
 manifest section is written beside it (`OUT.sparsity.json`).
 """
 

@@ -133,7 +133,7 @@ def test_cpu_build_lowers_int8_matmuls_and_keeps_the_result(exported, tmp_path):
     bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b.edgeattn", parity_tolerance=0.05,
                                      batch=(1, 2, 4), seq=(1, 8, 16)))
     passes = {p["name"]: p for p in bundle.manifest.sections["passes"]}
-    assert passes["qdq_cpu"]["details"]["lowered"] == 12 and not passes["qdq_cpu"]["problems"]
+    assert passes["lower-qdq-cpu"]["details"]["lowered"] == 12 and not passes["lower-qdq-cpu"]["problems"]
     ops = bundle.manifest.sections["engine"]["op_counts"]
     assert ops.get("MatMulIntegerToFloat", 0) == 12 and "DequantizeLinear" not in ops
     batch = {k: v.numpy() for k, v in token_batch(2, 10, seed=6).items()}

@@ -128,7 +128,7 @@ def test_build_manifest_reports_sparse_layers(tmp_path, tiny_onnx):
     w1.CopyFrom(numpy_helper.from_array(_two_four(tuple(w1.dims), 0), "w1"))
     onnx.save(model, str(tiny_onnx))
     bundle = build(tiny_onnx, BuildConfig(target="cpu"))
-    section = next(p for p in bundle.manifest.sections["passes"] if p["name"] == "check_sparsity")
+    section = next(p for p in bundle.manifest.sections["passes"] if p["name"] == "check-sparsity")
     assert section["details"]["sparse_layers"] == ["w1"]
     assert section["details"]["enable_sparse_weights"] is False
 

@@ -164,7 +164,7 @@ def check_model(model: ir.Model) -> list[LayerSparsity]:
 
 
 class CheckSparsity:
-    name = "check_sparsity"
+    name = "check-sparsity"
 
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
         layers = check_model(model)

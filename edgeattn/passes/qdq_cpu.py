@@ -72,7 +72,7 @@ def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value) -> None:
 
 
 class LowerQdqMatMulForCpu:
-    name = "qdq_cpu"
+    name = "lower-qdq-cpu"
 
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
         if ctx.target.backend != "onnxruntime":

@@ -10,8 +10,8 @@ from edgeattn.passes import GraphPass
 PASSES: dict[str, str] = {
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
-    "check_sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before qdq_cpu rewrites the MatMuls
-    "qdq_cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
+    "check-sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before lower-qdq-cpu rewrites the MatMuls
+    "lower-qdq-cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
 }
 
 DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
