@@ -29,4 +29,6 @@ def compare(reference: Path, candidate: Path, inputs: tuple[TensorSpec, ...], si
             diffs[name] = float("inf")
         else:
             diffs[name] = float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) if w.size else 0.0
-    return {"max_abs_diff": max(diffs.values(), default=0.0), "per_output": diffs, "sizes": sizes}
+    reference_max_abs = max((float(np.max(np.abs(w))) for w in want.values() if w.size), default=0.0)
+    return {"max_abs_diff": max(diffs.values(), default=0.0), "per_output": diffs, "sizes": sizes,
+            "reference_max_abs": reference_max_abs}

@@ -47,7 +47,7 @@ def render(m: Manifest) -> str:
         lines.append(f"Skipped: {parity.get('reason')}")
     elif parity:
         lines.append(f"{parity['status']}: max abs diff {parity['max_abs_diff']:.3g} "
-                     f"(tolerance {parity['tolerance']:g}) at sizes {parity.get('sizes')}")
+                     f"(tolerance {parity['tolerance']:.3g}, {parity.get('tolerance_basis', '')}) at sizes {parity.get('sizes')}")
     problems = s.get("problems", [])
     lines += ["", "## Problems", ""]
     lines += [f"- {p}" for p in problems] or ["None."]

@@ -22,7 +22,8 @@ from edgeattn.targets import TARGETS
 @click.option("--dim", "dims", type=DimType(), multiple=True, help="Range of one named dynamic dimension.")
 @click.option("--strict", is_flag=True, help="Fail when a fusion or precision did not happen as asked.")
 @click.option("--no-parity", is_flag=True, help="Skip the check against the source model.")
-@click.option("--tolerance", default=1e-4, show_default=True, help="Parity tolerance (max abs diff).")
+@click.option("--tolerance", type=float, help="Parity tolerance, max abs diff [default: 1e-4; for quantized graphs "
+              "2% of the largest output magnitude].")
 @click.option("--name", help="Model name in the manifest [default: the file's stem].")
 def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name):
     """Build a deployable bundle from MODEL (an .onnx file).
