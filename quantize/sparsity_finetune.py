@@ -1,7 +1,8 @@
 """Mask-preserving fine-tuning after 2:4 pruning: distil the pruned student from its float teacher.
 
-Encoders: MSE between the student's and the teacher's hidden states (every layer, padding masked out).
-Decoders: KL divergence of the next-token distributions. Only Linear weights train; the masks of
+Encoders: MSE between the student's and the teacher's hidden states (every layer, padding masked out)
+plus 1 - cosine of the pooled sentence embeddings.
+Decoders: KL divergence of the next-token distributions. Linear weights and LayerNorms train; the masks of
 `edgeattn.quantize.sparsity` stay on (masked entries get zero gradient), so the zeros survive.
 """
 
@@ -90,7 +91,10 @@ def _loss(student, teacher, batch, kind: str):
         t = teacher(**batch, output_hidden_states=True).hidden_states[1:]
     mask = batch["attention_mask"].unsqueeze(-1).to(s[0].dtype)  # [B, S, 1]
     per_layer = [(((a - b) * mask) ** 2).sum() / (mask.sum() * a.shape[-1]) / b.var() for a, b in zip(s, t)]
-    return torch.stack(per_layer).mean()
+    # plus 1 - cosine of the mean-pooled sentence embeddings: what an encoder is used for
+    pooled_s, pooled_t = ((x * mask).sum(1) / mask.sum(1) for x in (s[-1], t[-1]))  # [B, H]
+    cosine = f.cosine_similarity(pooled_s, pooled_t, dim=-1).mean()
+    return torch.stack(per_layer).mean() + (1.0 - cosine)
 
 
 def distill_(student, teacher, batches: Iterator[dict], kind: str, config: FinetuneConfig = FinetuneConfig(),
@@ -107,7 +111,7 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
         for p in m.parameters(recurse=False):
             p.requires_grad_(False)
     for m in student.modules():
-        if isinstance(m, torch.nn.Linear) and m.in_features % 4 == 0:
+        if isinstance(m, torch.nn.LayerNorm) or (isinstance(m, torch.nn.Linear) and m.in_features % 4 == 0):
             for p in m.parameters():  # parametrized weights expose `original` here
                 if p.data_ptr() not in {q.data_ptr() for q in params}:
                     p.requires_grad_(True)
