@@ -23,7 +23,7 @@ from edgeattn.targets import TARGETS
 @click.option("--strict", is_flag=True, help="Fail when a fusion or precision did not happen as asked.")
 @click.option("--no-parity", is_flag=True, help="Skip the check against the source model.")
 @click.option("--tolerance", type=float, help="Parity tolerance, max abs diff [default: 1e-4; for quantized graphs "
-              "2% of the largest output magnitude].")
+              "5% of the largest output magnitude].")
 @click.option("--name", help="Model name in the manifest [default: the file's stem].")
 def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name):
     """Build a deployable bundle from MODEL (an .onnx file).
