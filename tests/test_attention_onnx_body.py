@@ -24,6 +24,7 @@ def layer(causal: int, sinks: int, mask: bool, opset: int = 18) -> onnx.ModelPro
     out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "h_q", "s_q", "d"])
     model = helper.make_model(helper.make_graph([node], "layer", inputs, [out]),
                               opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10  # what ONNX Runtime 1.30 (the H200 image) still loads; onnx's default is newer
     attach_function(model)
     onnx.checker.check_model(model, full_check=True)
     return model
