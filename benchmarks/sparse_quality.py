@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -21,16 +20,11 @@ from pathlib import Path
 import torch
 
 from edgeattn import hf_models
+from edgeattn.quantize.data import polarity_sentences
 from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
 from edgeattn.quantize.sparsity_finetune import FinetuneConfig, distill_, read_texts, text_batches
 
 HELD_OUT_DOCS = 30
-
-
-def polarity_sentences() -> list[str]:
-    root = Path(next(iter(importlib.util.find_spec("gensim").submodule_search_locations)))
-    lines = (root / "test" / "test_data" / "pang_lee_polarity.cor").read_text(encoding="cp1252").splitlines()
-    return [line.split(" ", 1)[1] for line in lines if line.strip()]
 
 
 @torch.no_grad()

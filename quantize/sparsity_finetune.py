@@ -8,7 +8,6 @@ Decoders: KL divergence of the next-token distributions. Linear weights and Laye
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,21 +41,9 @@ class FinetuneConfig:
 
 def read_texts(path: str | Path | None = None) -> list[str]:
     """Documents, one a line: from `path`, or gensim's lee_background news corpus (300 documents)."""
-    if path is None:
-        spec = importlib.util.find_spec("gensim")
-        if spec is None or not spec.submodule_search_locations:
-            raise InputError("no --calib text given and gensim is not installed: pip install 'edgeattn[models]'")
-        path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data" / "lee_background.cor"
-        lines = Path(path).read_text(encoding="latin-1").splitlines()
-    else:
-        try:
-            lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError as exc:
-            raise InputError(f"calibration text {path}: cannot read it ({exc.strerror})") from None
-    texts = [line.strip() for line in lines if line.strip()]
-    if not texts:
-        raise InputError(f"calibration text {path}: expected one document a line, found none")
-    return texts
+    from edgeattn.quantize.data import lee_documents, read_lines
+
+    return lee_documents() if path is None else read_lines(path)
 
 
 def text_batches(tokenizer, texts: list[str], kind: str, config: FinetuneConfig) -> Iterator[dict]:
