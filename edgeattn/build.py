@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 

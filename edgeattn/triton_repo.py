@@ -119,7 +119,7 @@ def _launch_script(name: str, cfg: TritonConfig, backend: str) -> str:
     lines = ["#!/usr/bin/env bash", f"# Serve {name} (written by edgeattn export-triton).", 'cd "$(dirname "$0")"']
     if cfg.plugin_library is not None:
         lib = f"$PWD/{name}/plugins/{Path(cfg.plugin_library).name}"
-        lines.append(f"# the TensorRT backend loads the attention plugin library before deserializing the engine")
+        lines.append("# the TensorRT backend loads the attention plugin library before deserializing the engine")
         lines.append(f'exec tritonserver --model-repository="$PWD" --backend-config=tensorrt,plugins="{lib}" "$@"')
     else:
         if backend == "tensorrt_rtx":

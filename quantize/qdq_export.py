@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-import torch
 from torch import nn
 
 from edgeattn import atomic
