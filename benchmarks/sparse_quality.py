@@ -32,6 +32,7 @@ def embeddings(model, tok, sentences: list[str]) -> torch.Tensor:
     out = []
     for i in range(0, len(sentences), 32):
         batch = tok(sentences[i:i + 32], padding=True, truncation=True, max_length=128, return_tensors="pt")
+        batch = {k: v.to(next(model.parameters()).device) for k, v in batch.items()}
         h = model(**batch).last_hidden_state  # [B, S, H]
         m = batch["attention_mask"].unsqueeze(-1).float()
         out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1))
@@ -43,7 +44,7 @@ def perplexity(model, tok, docs: list[str], seq_len: int = 512) -> float:
     ids = torch.tensor([t for d in docs for t in tok(d)["input_ids"]])
     nll, count = 0.0, 0
     for s in range(0, len(ids) - 1, seq_len):
-        x = ids[s:s + seq_len + 1].unsqueeze(0)
+        x = ids[s:s + seq_len + 1].unsqueeze(0).to(next(model.parameters()).device)
         if x.shape[1] < 2:
             break
         logits = model(input_ids=x[:, :-1], use_cache=False).logits
@@ -54,7 +55,8 @@ def perplexity(model, tok, docs: list[str], seq_len: int = 512) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=["minilm", "smollm2"])
+    parser.add_argument("model", help="minilm, smollm2, or a Hugging Face folder")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (pruning, fine-tuning and evaluation)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch", type=int, default=16)
@@ -79,6 +81,8 @@ def main() -> None:
     t0 = time.time()
     report = sparsify_(student, SparsityConfig(policy="all", permute=args.permute, method=args.method),
                        calibration=calib)
+    dense.to(args.device)
+    student.to(args.device)
     print(f"pruned {len(report.pruned)} Linear layers 2:4 ({args.method}, {time.time() - t0:.0f} s); "
           f"skipped: {json.dumps(report.as_dict()['skipped'])}")
     sentences = polarity_sentences()
@@ -107,6 +111,8 @@ def main() -> None:
     if args.qat:
         from edgeattn.quantize.sparsity_qat import qat_after_sparsity
 
+        student.cpu()  # quantize_ and calibrate run on the CPU; distillation moves both models to CUDA if present
+        dense.cpu()
         figures["qat"] = qat_after_sparsity(student, dense, tok, kind, train_docs, args.qat_steps)
         print(f"QAT: {json.dumps(figures['qat']['masks_kept'])} masks kept")
         measure("2:4 + W8A8 QAT", student)

@@ -106,9 +106,11 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(config.steps, 1)))
     student.eval()  # dropout off: the target is the teacher's deterministic output
+    device = next(student.parameters()).device
     losses, started = [], time.time()
     for step in range(config.steps):
-        loss = _loss(student, teacher, next(batches), loss_kind)
+        batch = {k: v.to(device) for k, v in next(batches).items()}  # to wherever the student lives
+        loss = _loss(student, teacher, batch, loss_kind)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
