@@ -100,7 +100,7 @@ def load(name_or_dir: str | Path, *, attn_implementation: str = "eager"):
     kind = kind_of(config)
     cls = transformers.AutoModelForCausalLM if kind == "decoder" else transformers.AutoModel
     try:
-        model = cls.from_pretrained(str(path), attn_implementation=attn_implementation, torch_dtype="float32")
+        model = cls.from_pretrained(str(path), attn_implementation=attn_implementation, dtype="float32")
     except OSError as exc:
         raise ModelError(f"could not load {path}: {exc}") from None
     tok = transformers.AutoTokenizer.from_pretrained(str(path))

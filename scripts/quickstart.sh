@@ -8,5 +8,4 @@ export PATH="$PWD/.venv/bin:$PATH"
 mkdir -p build
 edgeattn export minilm --out build/minilm.onnx
 edgeattn build build/minilm.onnx --target cpu --out build/minilm.edgeattn
-edgeattn inspect build/minilm.edgeattn | sed -n '/Parity/,/^$/p;/Parity/{n;p}'
 edgeattn bench build/minilm.edgeattn --warmup 5 --iterations 50
