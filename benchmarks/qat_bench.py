@@ -30,7 +30,9 @@ CASES = {  # model, config name, block size, QAT steps, global batch, training s
 LR, SCALE_LR = 2e-5, 5e-3
 
 
-def run_case(name: str, steps: int | None) -> dict:
+def run_case(name: str, steps: int | None, opts: argparse.Namespace | None = None) -> dict:
+    """One case. `opts` (from the command line) may override the model folder, device, batch, sequence
+    length, learning rates and schedule, and add SmoothQuant-style scaling (--smooth)."""
     import torch
 
     from edgeattn import hf_models
@@ -41,34 +43,59 @@ def run_case(name: str, steps: int | None) -> dict:
 
     model_name, cfg_name, block, default_steps, batch, seq, eval_seq = CASES[name]
     steps = default_steps if steps is None else steps
+    o = opts or argparse.Namespace()
+    batch, seq = getattr(o, "batch", None) or batch, getattr(o, "seq_len", None) or seq
+    lr, scale_lr = getattr(o, "lr", None) or LR, getattr(o, "scale_lr", None) or SCALE_LR
+    device = getattr(o, "device", None) or "cpu"
+    schedule = getattr(o, "schedule", None) or "constant"
+    alpha = getattr(o, "smooth", None)
     torch.manual_seed(0)
-    model, tok, kind = hf_models.load(model_name)
+    model, tok, kind = hf_models.load(getattr(o, "model_dir", None) or model_name)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     config = config_from_name(cfg_name, block_size=block)
     teacher = copy.deepcopy(model)
     examples = training_examples(tok, training_texts(kind), kind, seq)
     held = heldout_texts(kind)
-    ref = torch_forward(teacher, kind)
-    report = quantize_(model, config)
+    if device == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+    ref = _on(torch_forward(teacher.to(device), kind), device)
+    model.to(device)
+    calib = [{k: v[i:i + batch].to(device) for k, v in examples.items()} for i in range(0, 8 * batch, batch)]
     t0 = time.time()
-    calibrate(model, [{k: v[i:i + batch] for k, v in examples.items()} for i in range(0, 8 * batch, batch)])
-    ptq = fidelity(kind, ref, torch_forward(model, kind), tok, held, eval_seq)
+    smoothing = None
+    if alpha is not None:
+        from edgeattn.quantize.smoothing import SmoothConfig, smooth_
+
+        smoothing = smooth_(model, calib, SmoothConfig(alpha=alpha)).as_dict()
+        print(name, f"smoothing alpha {alpha}: {len(smoothing['smoothed'])} layers, max scale {smoothing['max_scale']}",
+              flush=True)
+    report = quantize_(model, config)
+    model.to(device)
+    calibrate(model, calib)
+    ptq = fidelity(kind, ref, _on(torch_forward(model, kind), device), tok, held, eval_seq)
     print(name, "PTQ", ptq, flush=True)
-    losses = distill(model, teacher, examples, kind, DistillConfig(steps=steps, batch_size=batch, lr=LR, scale_lr=SCALE_LR))
+    losses = distill(model, teacher, examples, kind, DistillConfig(steps=steps, batch_size=batch, lr=lr, scale_lr=scale_lr,
+                                                                   device=device, lr_schedule=schedule))
     train_s = time.time() - t0
-    qat = fidelity(kind, ref, torch_forward(model, kind), tok, held, eval_seq)
-    print(name, "QAT (torch)", qat, flush=True)
+    qat = fidelity(kind, ref, _on(torch_forward(model, kind), device), tok, held, eval_seq)
+    print(name, "QAT (torch)", qat, f"{train_s:.0f} s", flush=True)
     out = WORK / f"{name}.qdq.onnx"
+    model.cpu()
     summary = export_qdq(model, kind, out)
-    onnx_fid = fidelity(kind, ref, onnx_forward(out), tok, held, eval_seq)
+    try:
+        onnx_fid = fidelity(kind, ref, onnx_forward(out), tok, held, eval_seq)
+    except Exception as e:  # e.g. an older ONNX Runtime that rejects the file's IR version
+        onnx_fid = {"error": f"{type(e).__name__}: {e}"[:300]}
     print(name, "QAT (ONNX Runtime)", onnx_fid, flush=True)
     result = {"case": name, "model": model_name, "config": cfg_name, "block_size": block, "steps": steps,
-              "batch": batch, "seq_len": seq, "lr": LR, "scale_lr": SCALE_LR, "train_s": round(train_s, 1), "layers": len(report.quantized),
+              "batch": batch, "seq_len": seq, "lr": lr, "scale_lr": scale_lr, "schedule": schedule, "device": device,
+              "smoothing_alpha": alpha, "smoothing": smoothing,
+              "train_s": round(train_s, 1), "layers": len(report.quantized),
               "float_layers": len(report.float_layers), "loss_first": losses[0] if losses else None,
               "loss_last": losses[-1] if losses else None, "ptq": ptq, "qat_torch": qat, "qat_onnx": onnx_fid,
               "onnx": str(out), "onnx_summary": summary}
-    _save(name, result)
+    _save(name + (getattr(o, "tag", "") or ""), result)
     return result
 
 
@@ -116,6 +143,13 @@ def run_speed(repeats: int = 30) -> dict:
     return result
 
 
+def _on(forward, device: str):
+    """A forward that takes CPU batches, runs on `device` and returns CPU outputs."""
+    if device == "cpu":
+        return forward
+    return lambda batch: forward({k: v.to(device) for k, v in batch.items()}).float().cpu()
+
+
 def _save(name: str, result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"qat_{name}.json").write_text(json.dumps(result, indent=2, default=str))
@@ -154,6 +188,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cases", nargs="*", default=[*CASES, "speed", "table"])
     parser.add_argument("--steps", type=int, default=None, help="override the QAT steps of every case")
+    parser.add_argument("--model-dir", default=None, help="a Hugging Face folder instead of the packaged model")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--scale-lr", type=float, default=None)
+    parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"])
+    parser.add_argument("--smooth", type=float, default=None, help="SmoothQuant alpha before quantizing (W8A8)")
+    parser.add_argument("--tag", default="", help="suffix of the result file name (qat_<case><tag>.json)")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     for case in args.cases:
@@ -162,7 +205,7 @@ def main() -> None:
         elif case == "speed":
             run_speed()
         elif case in CASES:
-            run_case(case, args.steps)
+            run_case(case, args.steps, args)
         else:
             raise SystemExit(f"unknown case {case!r}: expected one of {', '.join([*CASES, 'speed', 'table'])}")
 

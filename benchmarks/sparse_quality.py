@@ -27,6 +27,21 @@ from edgeattn.quantize.sparsity_finetune import FinetuneConfig, distill_, read_t
 HELD_OUT_DOCS = 30
 
 
+def pydoc_documents() -> list[str]:
+    """English prose from the standard library's pydoc_data topics, as '. '-joined documents (no code lines)."""
+    import re
+
+    from pydoc_data.topics import topics
+
+    out = []
+    for text in topics.values():
+        sents = [" ".join(x.split()) for x in re.split(r"(?<=[.!?])\s+", text)]
+        sents = [x.rstrip(".") for x in sents if 5 <= len(x.split()) <= 60 and not re.search(r"[>{}=\[\]]|\(\)", x)]
+        if sents:
+            out.append(". ".join(sents) + ".")
+    return out
+
+
 @torch.no_grad()
 def embeddings(model, tok, sentences: list[str]) -> torch.Tensor:
     out = []
@@ -67,6 +82,10 @@ def main() -> None:
     parser.add_argument("--qat", action="store_true", help="then W8A8 QAT (edgeattn.quantize, issue 4), masks kept")
     parser.add_argument("--qat-steps", type=int, default=150)
     parser.add_argument("--eval-docs", type=int, default=HELD_OUT_DOCS, help="held-out documents for perplexity")
+    parser.add_argument("--time-budget-s", type=float, default=None, help="cap the fine-tune steps to this time")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
+    parser.add_argument("--extra-text", choices=["none", "pydoc"], default="none",
+                        help="add English sentences from Python's bundled documentation (pydoc_data) to training")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -75,7 +94,9 @@ def main() -> None:
     student = copy.deepcopy(dense)
     docs = read_texts()
     train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
-    ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len)
+    ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len,
+                        time_budget_s=args.time_budget_s, bf16=args.bf16)
+    train_text = train_docs + (pydoc_documents() if args.extra_text == "pydoc" else [])
     calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1))
     calib = [next(calib) for _ in range(args.calib_batches)]
     t0 = time.time()
@@ -100,7 +121,7 @@ def main() -> None:
     measure("dense fp32", dense)
     measure("2:4 pruned, no fine-tune", student)
     t0 = time.time()
-    figures["finetune"] = distill_(student, dense, text_batches(tok, train_docs, kind, ft), kind, ft, progress=print)
+    figures["finetune"] = distill_(student, dense, text_batches(tok, train_text, kind, ft), kind, ft, progress=print)
     measure("2:4 + fine-tune", student)
     ok = all(is_two_four(m.weight) for m in masked_layers(student).values())
     print(f"all {len(masked_layers(student))} masked weights still 2:4 after fine-tuning: {ok} "

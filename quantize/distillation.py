@@ -8,6 +8,7 @@ Checkpoints (student weights, scales, optimizer, step) are written atomically an
 from __future__ import annotations
 
 import io
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ class DistillConfig:
     checkpoint_every: int = 50
     device: str = "auto"  # auto: cuda when available, else cpu
     progress: bool = True
+    lr_schedule: str = "constant"  # or "cosine": both learning rates decay to 10% by the last step
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -44,6 +46,8 @@ class DistillConfig:
             raise ConfigError(f"learning rates: expected >= 0, found lr={self.lr}, scale_lr={self.scale_lr}")
         if self.checkpoint_every < 1:
             raise ConfigError(f"checkpoint_every: expected >= 1, found {self.checkpoint_every}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"lr_schedule: expected constant or cosine, found {self.lr_schedule!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device: expected auto, cpu or cuda, found {self.device!r}")
 
@@ -141,7 +145,12 @@ def distill(student: nn.Module, teacher: nn.Module, examples: dict[str, torch.Te
 
         bar = tqdm(total=cfg.steps, initial=start, desc="QAT", unit="step")
     per_rank = cfg.batch_size // world
+    base_lrs = [group["lr"] for group in opt.param_groups]
     for step in range(start, cfg.steps):
+        if cfg.lr_schedule == "cosine":
+            f = 0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, cfg.steps)))
+            for group, lr in zip(opt.param_groups, base_lrs):
+                group["lr"] = lr * f
         g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randperm(n, generator=g)[:cfg.batch_size][rank * per_rank:(rank + 1) * per_rank]
         batch = {k: v[idx].to(device) for k, v in examples.items()}

@@ -30,12 +30,15 @@ class QuantizeJob:
     scale_lr: float = 1e-3
     checkpoint_dir: Path | None = None
     seed: int = 0
+    smooth_alpha: float | None = None  # SmoothQuant-style scaling before W8A8 / FP8 (Llama-family decoders)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.seq_len < 8 or self.calib_batches < 1:
             raise ConfigError(f"expected steps >= 0, batch_size >= 1, seq_len >= 8, calib_batches >= 1; found "
                               f"{self.steps}, {self.batch_size}, {self.seq_len}, {self.calib_batches}")
+        if self.smooth_alpha is not None and not 0.0 <= self.smooth_alpha <= 1.0:
+            raise ConfigError(f"smooth_alpha: expected 0 <= alpha <= 1, found {self.smooth_alpha}")
         if not str(self.out).endswith(".onnx"):
             raise ConfigError(f"out: expected a path ending in .onnx, found {self.out}")
 
@@ -95,9 +98,16 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     model, tok, kind, examples = prepare(job, progress)
     rank, _ = init_distributed()  # under torchrun: one process group, rank 0 exports
     teacher = copy.deepcopy(model)
-    report = quantize_(model, job.config)
     calib = [{k: v[i:i + job.batch_size] for k, v in examples.items()}
              for i in range(0, min(examples["input_ids"].shape[0], job.calib_batches * job.batch_size), job.batch_size)]
+    smoothing = None
+    if job.smooth_alpha is not None:
+        from edgeattn.quantize.smoothing import SmoothConfig, smooth_
+
+        smoothing = smooth_(model, calib, SmoothConfig(alpha=job.smooth_alpha)).as_dict()
+        progress(f"smoothing (alpha {job.smooth_alpha}): {len(smoothing['smoothed'])} layers, "
+                 f"{len(smoothing['skipped'])} without a scalable producer")
+    report = quantize_(model, job.config)
     calibrate(model, calib)
     progress(f"calibrated {len(report.quantized)} layers on {len(calib)} batches")
     losses = distill(model, teacher, examples, kind,
@@ -108,6 +118,7 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
         summary = export_qdq(model, kind, job.out)
         progress(f"wrote {job.out}: {summary['quantized_matmuls']} quantized MatMuls")
     section = {"config": config_to_dict(job.config), "layers": report.as_dict(), "steps": job.steps,
+               "smoothing": smoothing,
                "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
                "onnx": summary}
     return QuantizeResult(section, model, teacher, tok, kind)

@@ -27,8 +27,12 @@ class FinetuneConfig:
     seq_len: int = 128
     seed: int = 0
     loss: str = "auto"  # auto: hidden for encoders, logits for decoders
+    time_budget_s: float | None = None  # stop early: after 20 steps, cap the steps to fit this budget
+    bf16: bool = False  # autocast forward passes to bfloat16 (CUDA)
 
     def __post_init__(self) -> None:
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ConfigError(f"time_budget_s: expected > 0, found {self.time_budget_s}")
         if self.steps < 0:
             raise ConfigError(f"steps: expected >= 0, found {self.steps}")
         if not self.lr > 0:
@@ -104,24 +108,32 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
                     p.requires_grad_(True)
                     params.append(p)
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(config.steps, 1)))
+    total = [config.steps]  # may shrink to fit time_budget_s; the schedule decays to zero at the end
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(total[0], 1)))
     student.eval()  # dropout off: the target is the teacher's deterministic output
     device = next(student.parameters()).device
     losses, started = [], time.time()
-    for step in range(config.steps):
+    step = 0
+    while step < total[0]:
+        if config.time_budget_s is not None and step == 20:
+            per_step = (time.time() - started) / 20
+            total[0] = min(total[0], max(21, int(config.time_budget_s / per_step)))
+            progress(f"{per_step * 1e3:.0f} ms/step: {total[0]} steps fit the {config.time_budget_s:.0f} s budget")
         batch = {k: v.to(device) for k, v in next(batches).items()}  # to wherever the student lives
-        loss = _loss(student, teacher, batch, loss_kind)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
+            loss = _loss(student, teacher, batch, loss_kind).float()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if step % 20 == 0 or step == config.steps - 1:
-            progress(f"step {step + 1}/{config.steps} loss {losses[-1]:.4g}")
+        if step % 100 == 0 or step == total[0] - 1:
+            progress(f"step {step + 1}/{total[0]} loss {losses[-1]:.4g}")
+        step += 1
     student.eval()
     for p in params:
         p.requires_grad_(False)
-    return {"config": asdict(config), "loss": loss_kind, "trained_tensors": len(params),
+    return {"config": asdict(config), "loss": loss_kind, "steps_run": step, "trained_tensors": len(params),
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "seconds": round(time.time() - started, 1)}

@@ -20,8 +20,12 @@ import click
 @click.option("--scale-lr", type=float, default=1e-3, show_default=True, help="Learning rate of the log step sizes.")
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None,
               help="Write resumable checkpoints here (and resume from one found there).")
+@click.option("--smooth", "smooth_alpha", type=float, default=None,
+              help="SmoothQuant-style scaling with this alpha (0-1) before quantizing; for W8A8/FP8 on "
+                   "Llama-family decoders (0.85 works for SmolLM2).")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output Q/DQ .onnx file.")
-def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, lr, scale_lr, checkpoint_dir, out):
+def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, lr, scale_lr, checkpoint_dir,
+             smooth_alpha, out):
     """Quantization-aware training with distillation, exported as Q/DQ ONNX for TensorRT and ONNX Runtime."""
     from edgeattn.quantize import data
     from edgeattn.quantize.config import config_from_name
@@ -30,7 +34,7 @@ def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, 
     config = config_from_name(config_name, block_size=block_size)
     texts = tuple(data.read_lines(calib)) if calib is not None else ()
     job = QuantizeJob(model, config, out, texts=texts, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                      lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir)
+                      lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, smooth_alpha=smooth_alpha)
     result = run_quantize(job, progress=lambda m: click.echo(m, err=True))
     s = result.section
     if s["onnx"]:
