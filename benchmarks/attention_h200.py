@@ -489,9 +489,14 @@ def main() -> int:
     tiles = section(lambda: sweep([(4, 16, 8192, 64), (4, 16, 8192, 128)]), {}) if args.sweep else {}
     best, swept = {}, None
     if args.use_best:
-        with open(args.use_best) as f:
-            saved = json.load(f)["sweep_hopper"]["best"]
-        best = {int(d): {int(w): c for w, c in per.items()} for d, per in saved.items()}
+        def load_best():
+            with open(args.use_best) as f:
+                saved = (json.load(f).get("sweep_hopper") or {}).get("best") or {}
+            if not saved:
+                print(f"--use-best {args.use_best}: no sweep_hopper.best in it; default kernel", flush=True)
+            return {int(d): {int(w): c for w, c in per.items()} for d, per in saved.items()}
+
+        best = section(load_best, {})
     if args.sweep_hopper:
         swept = section(lambda: sweep_hopper(args.sweep_budget_s), None)
         best = swept["best"] if swept else best

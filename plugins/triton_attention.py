@@ -302,9 +302,9 @@ def _windowed_fwd_kernel(
 # builds keep _windowed_fwd_kernel). Differences from the kernel above:
 # - DESC: Q, K, V arrive as host-built 4-D tensor descriptors over [B, H(kv), S, D] with block
 #   [1, 1, BLOCK, D]: TMA bulk copies, rows past this head's S read as zeros, no scratch allocator.
-# - the window's blocks run as three loops: masked left edge, an unmasked band (no mask, no bounds
-#   checks, plain or TMA loads, `tl.range(num_stages=LOOP_STAGES)`, optionally warp-specialized),
-#   masked diagonal / right edge; the sinks left of the window are one more masked loop.
+# - two loops: an unmasked band (blocks inside every row's window: no mask, no bounds checks, plain or
+#   TMA loads, `tl.range(num_stages=LOOP_STAGES)`, optionally warp-specialized), then one masked loop
+#   over the edge blocks (window start, diagonal / right edge / sequence end) and the sinks.
 # - FOLD_SCALE: q is multiplied by scale / ln 2 once (in fp32, rounded back to q's dtype) so a score
 #   needs only a subtraction before exp2 (costs one extra rounding of q).
 # ----------------------------------------------------------------------------------------------------
@@ -349,15 +349,21 @@ def _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, s
 
 
 @triton.jit
-def _hopper_edge(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
-                 pos, offs_d, lo, hi, window, sinks, S_k, qk_scale,
-                 CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
-                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    # masked blocks [lo, hi): a few per tile (sinks, window start, diagonal, sequence end)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
-        v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
+def _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
+                  pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window, sinks, S_k, qk_scale,
+                  CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # One masked loop over the few edge blocks: window start [start_n, full_lo), diagonal / right edge /
+    # sequence end [full_hi, end_blk), then the sinks left of the window [0, sink_stop).
+    n_left = (full_lo - start_n) // BLOCK_N
+    n_right = (end_blk - full_hi) // BLOCK_N
+    n_edge = n_left + n_right
+    for t in range(0, n_edge + tl.cdiv(sink_stop, BLOCK_N)):
+        start = tl.where(t < n_left, start_n + t * BLOCK_N,
+                         tl.where(t < n_edge, full_hi + (t - n_left) * BLOCK_N, (t - n_edge) * BLOCK_N))
+        offs_n = start + tl.arange(0, BLOCK_N)
+        k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
+        v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
         acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
                                      qk_scale, True, CAUSAL, HAS_PAD, FOLD_SCALE)
     return acc, l_i, m_i
@@ -448,19 +454,13 @@ def _windowed_fwd_hopper_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # 1) the band first (most of the work, no mask), 2) window start, 3) diagonal / right edge, 4) sinks
+    # 1) the band (most of the work, no mask), 2) one masked loop over the edge blocks and the sinks
     acc, l_i, m_i = _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
                                  stride_vn, pos, offs_d, full_lo, full_hi, window, sinks, S_k, qk_scale,
                                  CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM, LOOP_STAGES, WARP_SPEC)
-    acc, l_i, m_i = _hopper_edge(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
-                                 stride_vn, pos, offs_d, start_n, full_lo, window, sinks, S_k, qk_scale,
-                                 CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
-    acc, l_i, m_i = _hopper_edge(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
-                                 stride_vn, pos, offs_d, full_hi, end_blk, window, sinks, S_k, qk_scale,
-                                 CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
-    acc, l_i, m_i = _hopper_edge(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
-                                 stride_vn, pos, offs_d, 0, sink_stop, window, sinks, S_k, qk_scale,
-                                 CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
+    acc, l_i, m_i = _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
+                                  stride_vn, pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window,
+                                  sinks, S_k, qk_scale, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # rows with no attended key -> zeros
     out = acc / l_safe[:, None]

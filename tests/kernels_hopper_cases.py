@@ -30,6 +30,10 @@ CASES = {
     "bidir-full": (1, 2, 1, 33, 33, 16, 0, 0, False, False),
     "padding-empty-rows": (2, 2, 1, 33, 33, 16, 6, 2, True, True),
     "chunked-prefill": (1, 4, 1, 20, 53, 16, 9, 3, True, False),
+    # wide windows: several unmasked band blocks per tile (with padding in the band), sinks over 1 block
+    "padding-wide-window": (2, 2, 1, 70, 70, 16, 40, 2, True, True),
+    "bidir-wide-window": (1, 2, 2, 70, 70, 16, 33, 3, False, False),
+    "sinks-over-a-block": (1, 2, 1, 70, 70, 16, 9, 20, True, False),
 }
 VARIANTS = {
     "ptr": ta.HopperVariant(),
