@@ -235,15 +235,16 @@ def _run_jobs(jobs: list[dict]) -> list[dict]:
         while first < len(jobs):
             log_path = os.path.join(tmp, f"log{first}.jsonl")
             open(log_path, "w").close()
-            limit = max(j["deadline"] for j in jobs[first:]) - time.time() + 180
+            limit = max(j["deadline"] for j in jobs[first:]) - time.time() + 60  # a hung kernel ends here
             try:
                 rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--sweep-child", jobs_path, log_path,
                                      str(first)], timeout=max(limit, 60)).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-            started = None
+            started, wrote = None, False
             with open(log_path) as f:
                 for line in f:
+                    wrote = True
                     try:
                         rec = json.loads(line)
                     except ValueError:
@@ -254,11 +255,18 @@ def _run_jobs(jobs: list[dict]) -> list[dict]:
                         results[rec.pop("i")] = rec
             if rc == 0 and all(i in results for i in range(first, len(jobs))):
                 break
-            crashed = started if started is not None and started not in results else first
-            results[crashed] = dict(status=f"crashed the sweep process (exit {rc}); skipped")
-            print(f"  d={jobs[crashed]['d']} {_config_name(jobs[crashed]['cfg'])}: CRASHED the process (exit {rc}); "
-                  "a new process continues after it", flush=True)
-            first = crashed + 1
+            if not wrote:  # the process died before its first job: no point in starting another
+                print(f"  sweep process failed to start (exit {rc}); remaining candidates not run", flush=True)
+                break
+            nxt = first
+            while nxt in results:
+                nxt += 1
+            if started is not None and started not in results:  # died inside this job
+                results[started] = dict(status=f"crashed the sweep process (exit {rc}); skipped")
+                print(f"  d={jobs[started]['d']} {_config_name(jobs[started]['cfg'])}: CRASHED the process "
+                      f"(exit {rc}); a new process continues after it", flush=True)
+                nxt = started + 1
+            first = nxt
     return [results.get(i, dict(status="not run")) for i in range(len(jobs))]
 
 
