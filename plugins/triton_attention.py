@@ -35,6 +35,10 @@ PREFILL_TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {
 # Load K/V through Hopper tensor descriptors (TMA) in the JIT path: off, it lost to plain loads in the
 # H200 sweep. AOT builds never use it (TensorRT launches give no scratch allocator; sm_87 has no TMA).
 PREFILL_TMA: dict[int, bool] = {90: False}
+# The prefill kernel windowed_prefill uses on CUDA when the caller passes no `hopper` (and no window_hint):
+# None = _windowed_fwd_kernel, else HopperVariant fields for _windowed_fwd_hopper_kernel. Unchanged
+# (None) until an H200 `attention_h200.py --sweep-hopper` run shows a variant winning.
+PREFILL_HOPPER: dict[int, dict | None] = {90: None}
 # Per-window choices for the prefill kernel when the caller knows the window (windowed_prefill(...,
 # window_hint=W)): (arch base, head dim) -> [(largest window it serves, 0 = any incl. full, tile,
 # HopperVariant fields or None = the default kernel)], smallest window first. Empty until an H200
@@ -82,16 +86,24 @@ class HopperVariant:
         return "+".join(parts + (["ws"] if self.warp_specialize else []))
 
 
-def prefill_config_for_window(arch: int, head_dim: int, window_hint: int | None):
-    """(tile, HopperVariant or None) for a window known on the host (0 / None / >= S: full), from
-    PREFILL_WINDOW_TABLE; falls back to (prefill_tile(arch, head_dim), None)."""
+def _window_row(arch: int, head_dim: int, window_hint: int | None):
+    """The PREFILL_WINDOW_TABLE row serving this window (0 / None: full), or None."""
     base = 90 if arch >= 90 and arch != 110 else (110 if arch == 110 else 87)
     d = 64 if head_dim <= 64 else 128
     w = int(window_hint or 0)
-    for max_w, tile, variant in PREFILL_WINDOW_TABLE.get((base, d), []) if head_dim <= 128 else []:
-        if max_w == 0 or (0 < w <= max_w):
-            return tuple(tile), (HopperVariant(**variant) if variant is not None else None)
-    return prefill_tile(arch, head_dim), None
+    for row in PREFILL_WINDOW_TABLE.get((base, d), []) if head_dim <= 128 else []:
+        if row[0] == 0 or (0 < w <= row[0]):
+            return row
+    return None
+
+
+def prefill_config_for_window(arch: int, head_dim: int, window_hint: int | None):
+    """(tile, HopperVariant or None) for a window known on the host (0 / None / >= S: full), from
+    PREFILL_WINDOW_TABLE; falls back to (prefill_tile(arch, head_dim), None)."""
+    row = _window_row(arch, head_dim, window_hint)
+    if row is None:
+        return prefill_tile(arch, head_dim), None
+    return tuple(row[1]), (HopperVariant(**row[2]) if row[2] is not None else None)
 
 
 def prefill_tile_for_window(arch: int, head_dim: int, window_hint: int | None) -> tuple[int, int, int, int]:
@@ -677,14 +689,15 @@ def _launch_hopper(q, k, v, window, mask, out, *, sinks, causal, scale, has_pad,
 
 def windowed_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padding_mask=None,
                      tile: tuple[int, int, int, int] | None = None, use_tma: bool | None = None,
-                     one_loop: bool = True, hopper: HopperVariant | dict | None = None,
+                     one_loop: bool = True, hopper: HopperVariant | dict | str | None = "auto",
                      window_hint: int | None = None):
     """Prefill / encoder path. q: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D]; window: int tensor [].
 
     use_tma: load K/V with in-kernel Hopper tensor descriptors (sm_90+; default per PREFILL_TMA).
     one_loop: one pipelined loop over all key blocks (default) rather than one loop per region.
     hopper: run the opt-in sm_90 kernel (_windowed_fwd_hopper_kernel) with these options (a
-    HopperVariant or its fields as a dict); use_tma / one_loop do not apply to it.
+    HopperVariant or its fields as a dict); use_tma / one_loop do not apply to it. None: the default
+    kernel. "auto": PREFILL_HOPPER[arch] on CUDA when use_tma is not given, else the default kernel.
     window_hint: the window's value when the host knows it: picks tile (and kernel, unless `hopper` is
     given) from PREFILL_WINDOW_TABLE when `tile` is None. The kernel still reads `window`.
     """
@@ -695,9 +708,15 @@ def windowed_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_pa
     h_kv, s_k = k.shape[1], k.shape[2]
     out = torch.empty_like(q)  # out: [B, H, S_q, D]
     arch = _arch(q.device)
-    if tile is None and window_hint is not None:
+    if tile is None and window_hint is not None and _window_row(arch, d, window_hint if window_hint < s_k else 0):
         tile, hinted = prefill_config_for_window(arch, d, window_hint if window_hint < s_k else 0)
-        hopper = hopper if hopper is not None else hinted
+        hopper = hinted if isinstance(hopper, str) else hopper
+    if isinstance(hopper, str):
+        if hopper != "auto":
+            from edgeattn.errors import InputError
+
+            raise InputError(f"hopper: expected a HopperVariant, a dict, None or 'auto', found {hopper!r}")
+        hopper = PREFILL_HOPPER.get(arch) if q.is_cuda and use_tma is None else None
     bm, bn, warps, stages = tile or prefill_tile(arch, d)
     if hopper is not None:
         variant = hopper if isinstance(hopper, HopperVariant) else HopperVariant(**hopper)
@@ -804,5 +823,5 @@ def attended_pairs(s_q: int, s_k: int, window: int, sinks: int, causal: bool) ->
 
 
 __all__ = ["windowed_attention", "windowed_prefill", "windowed_decode", "attended_pairs", "prefill_tile",
-           "decode_splits", "PREFILL_TMA", "PREFILL_TILES", "HopperVariant", "PREFILL_WINDOW_TABLE",
+           "decode_splits", "PREFILL_TMA", "PREFILL_TILES", "HopperVariant", "PREFILL_WINDOW_TABLE", "PREFILL_HOPPER",
            "prefill_tile_for_window", "prefill_config_for_window", "descriptor_problem"]

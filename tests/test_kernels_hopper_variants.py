@@ -62,3 +62,34 @@ def test_window_table_picks_by_window(monkeypatch):
     with pytest.raises(ConfigError, match="loop_stages"):
         ta.HopperVariant(loop_stages=0)
     assert ta.HopperVariant(desc=True, fold_scale=True, loop_stages=3, warp_specialize=True).name == "desc+fold+ls3+ws"
+
+
+def test_hopper_auto_keeps_the_default_kernel_off_cuda(monkeypatch):
+    """hopper="auto" follows PREFILL_HOPPER on CUDA only; on CPU tensors (the interpreter) the default kernel
+    runs, so the existing interpreter tests keep testing it. Checked by the launch that is chosen."""
+    import torch
+
+    from edgeattn.errors import InputError
+    from edgeattn.plugins import triton_attention as ta
+
+    launched = []
+    monkeypatch.setattr(ta, "PREFILL_HOPPER", {90: {"desc": True}})
+    monkeypatch.setattr(ta, "_launch_hopper", lambda *a, **kw: launched.append(kw["variant"]))
+
+    class Stop(Exception):
+        pass
+
+    def no_default(*a, **kw):
+        raise Stop
+
+    monkeypatch.setattr(ta._windowed_fwd_kernel, "run", no_default)
+    q = torch.zeros(1, 1, 32, 16, dtype=torch.float16)
+    w = torch.tensor(0)
+    with pytest.raises(Stop):  # CPU tensors: auto -> the default kernel
+        ta.windowed_prefill(q, q, q, w)
+    ta.windowed_prefill(q, q, q, w, hopper={"fold_scale": True})  # explicit: the Hopper kernel
+    monkeypatch.setattr(ta, "PREFILL_WINDOW_TABLE", {(90, 64): [(0, (16, 16, 4, 2), {"desc": True})]})
+    ta.windowed_prefill(q, q, q, w, window_hint=8)  # a table row picks the Hopper kernel
+    assert launched == [ta.HopperVariant(fold_scale=True), ta.HopperVariant(desc=True)]
+    with pytest.raises(InputError, match="hopper"):
+        ta.windowed_prefill(q, q, q, w, hopper="fast")
