@@ -310,7 +310,7 @@ def _windowed_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Hopper (sm_90) prefill variant, JIT only (opt-in through windowed_prefill(hopper=True, ...); the AOT
+# Hopper (sm_90) prefill variant, JIT only (opt-in: windowed_prefill(hopper=HopperVariant(...)); the AOT
 # builds keep _windowed_fwd_kernel). Differences from the kernel above:
 # - DESC: Q, K, V arrive as host-built 4-D tensor descriptors over [B, H(kv), S, D] with block
 #   [1, 1, BLOCK, D]: TMA bulk copies, rows past this head's S read as zeros, no scratch allocator.
