@@ -10,6 +10,8 @@ host sync. Scores live in the log2 domain (`qk * scale / ln 2`) so that softmax 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
 
@@ -33,6 +35,15 @@ PREFILL_TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {
 # Load K/V through Hopper tensor descriptors (TMA) in the JIT path: off, it lost to plain loads in the
 # H200 sweep. AOT builds never use it (TensorRT launches give no scratch allocator; sm_87 has no TMA).
 PREFILL_TMA: dict[int, bool] = {90: False}
+# The prefill kernel windowed_prefill uses on CUDA when the caller passes no `hopper` (and no window_hint):
+# None = _windowed_fwd_kernel, else HopperVariant fields for _windowed_fwd_hopper_kernel. Unchanged
+# (None) until an H200 `attention_h200.py --sweep-hopper` run shows a variant winning.
+PREFILL_HOPPER: dict[int, dict | None] = {90: None}
+# Per-window choices for the prefill kernel when the caller knows the window (windowed_prefill(...,
+# window_hint=W)): (arch base, head dim) -> [(largest window it serves, 0 = any incl. full, tile,
+# HopperVariant fields or None = the default kernel)], smallest window first. Empty until an H200
+# `attention_h200.py --sweep-hopper` run fills it; then the default tile/kernel applies.
+PREFILL_WINDOW_TABLE: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int], dict | None]]] = {}
 DECODE_BLOCK_N = 64
 DECODE_MAX_QUERIES = 16  # S_q at or below this (per kv head: group * S_q <= 64) takes the decode path
 
@@ -45,6 +56,59 @@ def prefill_tile(arch: int, head_dim: int) -> tuple[int, int, int, int]:
     if head_dim > 128:  # 256: halve the tiles to fit shared memory
         bm, bn, stages = 64, 32, 2
     return bm, bn, warps, stages
+
+
+@dataclass(frozen=True)
+class HopperVariant:
+    """Options of the opt-in sm_90 prefill kernel (_windowed_fwd_hopper_kernel).
+
+    desc: host-built TMA tensor descriptors for Q, K, V (sm_90+, 16-byte aligned strides; otherwise plain
+    loads, with a warning saying why). fold_scale: pre-scale q by scale / ln 2. loop_stages: software
+    pipeline depth of the unmasked band loop (None: the tile's num_stages). warp_specialize: the band loop
+    as `tl.range(..., warp_specialize=True)` (Triton >= 3.4 on Hopper/Blackwell).
+    """
+
+    desc: bool = False
+    fold_scale: bool = False
+    loop_stages: int | None = None
+    warp_specialize: bool = False
+
+    def __post_init__(self):
+        if self.loop_stages is not None and not 1 <= self.loop_stages <= 6:
+            from edgeattn.errors import ConfigError
+
+            raise ConfigError(f"loop_stages: expected None or 1..6, found {self.loop_stages}")
+
+    @property
+    def name(self) -> str:
+        parts = ["desc" if self.desc else "ptr"] + (["fold"] if self.fold_scale else [])
+        parts += [f"ls{self.loop_stages}"] if self.loop_stages else []
+        return "+".join(parts + (["ws"] if self.warp_specialize else []))
+
+
+def _window_row(arch: int, head_dim: int, window_hint: int | None):
+    """The PREFILL_WINDOW_TABLE row serving this window (0 / None: full), or None."""
+    base = 90 if arch >= 90 and arch != 110 else (110 if arch == 110 else 87)
+    d = 64 if head_dim <= 64 else 128
+    w = int(window_hint or 0)
+    for row in PREFILL_WINDOW_TABLE.get((base, d), []) if head_dim <= 128 else []:
+        if row[0] == 0 or (0 < w <= row[0]):
+            return row
+    return None
+
+
+def prefill_config_for_window(arch: int, head_dim: int, window_hint: int | None):
+    """(tile, HopperVariant or None) for a window known on the host (0 / None / >= S: full), from
+    PREFILL_WINDOW_TABLE; falls back to (prefill_tile(arch, head_dim), None)."""
+    row = _window_row(arch, head_dim, window_hint)
+    if row is None:
+        return prefill_tile(arch, head_dim), None
+    return tuple(row[1]), (HopperVariant(**row[2]) if row[2] is not None else None)
+
+
+def prefill_tile_for_window(arch: int, head_dim: int, window_hint: int | None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a known window (PREFILL_WINDOW_TABLE, else prefill_tile)."""
+    return prefill_config_for_window(arch, head_dim, window_hint)[0]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -246,6 +310,177 @@ def _windowed_fwd_kernel(
 
 
 # ----------------------------------------------------------------------------------------------------
+# Hopper (sm_90) prefill variant, JIT only (opt-in: windowed_prefill(hopper=HopperVariant(...)); the AOT
+# builds keep _windowed_fwd_kernel). Differences from the kernel above:
+# - DESC: Q, K, V arrive as host-built 4-D tensor descriptors over [B, H(kv), S, D] with block
+#   [1, 1, BLOCK, D]: TMA bulk copies, rows past this head's S read as zeros, no scratch allocator.
+# - two loops: an unmasked band (blocks inside every row's window: no mask, no bounds checks, plain or
+#   TMA loads, `tl.range(num_stages=LOOP_STAGES)`, optionally warp-specialized), then one masked loop
+#   over the edge blocks (window start, diagonal / right edge / sequence end) and the sinks.
+# - FOLD_SCALE: q is multiplied by scale / ln 2 once (in fp32, rounded back to q's dtype) so a score
+#   needs only a subtraction before exp2 (costs one extra rounding of q).
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _hopper_load(T, base, bh0, bh1, start, offs_n, offs_d, stride_n, S_k,
+                 BOUNDS: tl.constexpr, DESC: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One [BLOCK_N, D] tile of K or V (or Q) starting at row `start` of head (bh0, bh1)."""
+    if DESC:
+        t = T.load([bh0, bh1, start, 0]).reshape(BLOCK_N, HEAD_DIM)
+    elif BOUNDS:
+        t = tl.load(T + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=(offs_n < S_k)[:, None], other=0.0)
+    else:
+        t = tl.load(T + base + offs_n[:, None] * stride_n + offs_d[None, :])
+    return t
+
+
+@triton.jit
+def _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k, qk_scale,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    # q: [BLOCK_M, D]; k, v: [BLOCK_N, D]; acc: [BLOCK_M, D] fp32; scores in the log2 domain
+    qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32
+    if MASKED:
+        ok = _allowed(pos, offs_n, window, sinks, S_k, CAUSAL)
+        if HAS_PAD:
+            real = tl.load(Mask + mask_base + offs_n, mask=offs_n < S_k, other=0)
+            ok = ok & (real != 0)[None, :]
+        qk = tl.where(ok, qk, float("-inf"))
+    elif HAS_PAD:
+        real = tl.load(Mask + mask_base + offs_n)
+        qk = tl.where((real != 0)[None, :], qk, float("-inf"))
+    if FOLD_SCALE:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p_ij = tl.math.exp2(qk - m_new[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p_ij = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p_ij, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p_ij.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
+                  pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window, sinks, S_k, qk_scale,
+                  CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # One masked loop over the few edge blocks: window start [start_n, full_lo), diagonal / right edge /
+    # sequence end [full_hi, end_blk), then the sinks left of the window [0, sink_stop).
+    n_left = (full_lo - start_n) // BLOCK_N
+    n_right = (end_blk - full_hi) // BLOCK_N
+    n_edge = n_left + n_right
+    for t in range(0, n_edge + tl.cdiv(sink_stop, BLOCK_N)):
+        start = tl.where(t < n_left, start_n + t * BLOCK_N,
+                         tl.where(t < n_edge, full_hi + (t - n_left) * BLOCK_N, (t - n_edge) * BLOCK_N))
+        offs_n = start + tl.arange(0, BLOCK_N)
+        k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
+        v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
+        acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
+                                     qk_scale, True, CAUSAL, HAS_PAD, FOLD_SCALE)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
+                 pos, offs_d, lo, hi, window, sinks, S_k, qk_scale,
+                 CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
+                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, LOOP_STAGES: tl.constexpr,
+                 WARP_SPEC: tl.constexpr):
+    # blocks [lo, hi) lie inside every row's window and below S_k: no mask, no bounds checks
+    if WARP_SPEC:
+        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=True):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
+            v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
+            acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
+                                         qk_scale, False, CAUSAL, HAS_PAD, FOLD_SCALE)
+    else:
+        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
+            v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
+            acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
+                                         qk_scale, False, CAUSAL, HAS_PAD, FOLD_SCALE)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _windowed_fwd_hopper_kernel(
+    Q, K, V, Window, Mask,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    stride_mb,
+    H, GROUP, S_q, S_k,
+    sinks, sm_scale,
+    Out,
+    CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DESC: tl.constexpr, FOLD_SCALE: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, WARP_SPEC: tl.constexpr,
+):
+    # q, out: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D] (DESC: 4-D descriptors over the same); window: []
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (causal) tiles first
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    window = _effective_window(Window, S_k)
+    qk_scale = sm_scale * 1.4426950408889634  # 1/ln 2: exp2 instead of exp
+
+    first = pid_m * BLOCK_M
+    rows = first + tl.arange(0, BLOCK_M)  # query row index
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_off = S_k - S_q  # queries are the last S_q positions
+    pos = rows + q_off
+    p_min = first + q_off
+    p_max = tl.minimum(first + BLOCK_M - 1, S_q - 1) + q_off
+
+    q_base = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    mask_base = b.to(tl.int64) * stride_mb
+    q = _hopper_load(Q, q_base, b, h, first, rows, offs_d, stride_qm, S_q, True, DESC, BLOCK_M, HEAD_DIM)
+    if FOLD_SCALE:
+        q = (q.to(tl.float32) * qk_scale).to(q.dtype)  # q: [BLOCK_M, D], scores come out in log2 units
+
+    # Key range: [start_n, end_blk) in blocks, plus the sinks below start_n.
+    lo = tl.maximum(p_min - window + 1, 0)
+    if CAUSAL:
+        end = tl.minimum(p_max + 1, S_k)
+        band_hi = p_min + 1  # keys <= every row's position
+    else:
+        end = tl.minimum(p_max + window, S_k)
+        band_hi = tl.minimum(p_min + window, S_k)  # keys inside every row's right edge
+    band_hi = tl.minimum(band_hi, S_k)
+    start_n = (lo // BLOCK_N) * BLOCK_N
+    end_blk = tl.cdiv(end, BLOCK_N) * BLOCK_N
+    # [full_lo, full_hi): blocks inside every row's window and below S_k: the unmasked band
+    full_lo = tl.cdiv(tl.maximum(p_max - window + 1, 0), BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, start_n), end_blk)
+    full_hi = (band_hi // BLOCK_N) * BLOCK_N
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), end_blk)
+    sink_stop = tl.minimum(sinks, start_n)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # 1) the band (most of the work, no mask), 2) one masked loop over the edge blocks and the sinks
+    acc, l_i, m_i = _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
+                                 stride_vn, pos, offs_d, full_lo, full_hi, window, sinks, S_k, qk_scale,
+                                 CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM, LOOP_STAGES, WARP_SPEC)
+    acc, l_i, m_i = _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn,
+                                  stride_vn, pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window,
+                                  sinks, S_k, qk_scale, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # rows with no attended key -> zeros
+    out = acc / l_safe[:, None]
+    o_base = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_ptrs = Out + o_base + rows[:, None] * stride_om + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows < S_q)[:, None])
+
+# ----------------------------------------------------------------------------------------------------
 # Decode (flash-decoding): split the attended key blocks (sinks + window) across programs, then reduce.
 # One program serves all GROUP query heads of a kv head, so each K/V byte is read once.
 # ----------------------------------------------------------------------------------------------------
@@ -393,13 +628,78 @@ def _set_tma_allocator(device) -> None:
     triton.set_allocator(alloc)
 
 
+def descriptor_problem(arch: int, *tensors) -> str | None:
+    """Why host TMA descriptors cannot be used for these [B, H, S, D] tensors (None: they can)."""
+    import os
+
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return "triton.tools.tensor_descriptor.TensorDescriptor is missing in this Triton"
+    interpret = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if arch < 90 and not interpret:
+        return f"TMA needs sm_90 or newer, found sm_{arch}"
+    for t in tensors:
+        if t.stride(-1) != 1:
+            return f"last dim must be contiguous, found strides {tuple(t.stride())}"
+        if t.data_ptr() % 16:
+            return f"base must be 16-byte aligned, found address % 16 = {t.data_ptr() % 16}"
+        bad = [s for s in t.stride()[:-1] if (s * t.element_size()) % 16]
+        if bad:
+            return f"strides must be multiples of 16 bytes, found {tuple(t.stride())} x {t.element_size()} B"
+    return None
+
+
+def _launch_hopper(q, k, v, window, mask, out, *, sinks, causal, scale, has_pad, tile, variant, arch):
+    b, h, s_q, d = q.shape
+    h_kv, s_k = k.shape[1], k.shape[2]
+    bm, bn, warps, stages = tile
+    use_desc = variant.desc
+    if use_desc:
+        reason = descriptor_problem(arch, q, k, v)
+        if reason is not None:
+            import warnings
+
+            warnings.warn(f"windowed_prefill: tensor descriptors off, plain loads instead: {reason}", stacklevel=3)
+            use_desc = False
+    qa, ka, va = q, k, v
+    if use_desc:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # 4-D over [B, H(kv), S, D], one head's rows per block: rows past S read as zeros
+        qa = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, bm, d])
+        ka = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, bn, d])
+        va = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, bn, d])
+    grid = (triton.cdiv(s_q, bm), b * h)
+    _windowed_fwd_hopper_kernel[grid](
+        qa, ka, va, window, mask,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        mask.stride(0) if has_pad else 0,
+        h, h // h_kv, s_q, s_k, int(sinks), float(scale or d ** -0.5),
+        out,
+        CAUSAL=bool(causal), HAS_PAD=has_pad, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, DESC=use_desc,
+        FOLD_SCALE=bool(variant.fold_scale), LOOP_STAGES=int(variant.loop_stages or stages),
+        WARP_SPEC=bool(variant.warp_specialize), num_warps=warps, num_stages=stages,
+    )
+    return out
+
+
 def windowed_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padding_mask=None,
                      tile: tuple[int, int, int, int] | None = None, use_tma: bool | None = None,
-                     one_loop: bool = True):
+                     one_loop: bool = True, hopper: HopperVariant | dict | str | None = "auto",
+                     window_hint: int | None = None):
     """Prefill / encoder path. q: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D]; window: int tensor [].
 
-    use_tma: load K/V with Hopper tensor descriptors (sm_90+; default per PREFILL_TMA).
+    use_tma: load K/V with in-kernel Hopper tensor descriptors (sm_90+; default per PREFILL_TMA).
     one_loop: one pipelined loop over all key blocks (default) rather than one loop per region.
+    hopper: run the opt-in sm_90 kernel (_windowed_fwd_hopper_kernel) with these options (a
+    HopperVariant or its fields as a dict); use_tma / one_loop do not apply to it. None: the default
+    kernel. "auto": PREFILL_HOPPER[arch] on CUDA when use_tma is not given, else the default kernel.
+    window_hint: the window's value when the host knows it: picks tile (and kernel, unless `hopper` is
+    given) from PREFILL_WINDOW_TABLE when `tile` is None. The kernel still reads `window`.
     """
     import torch
 
@@ -408,7 +708,22 @@ def windowed_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_pa
     h_kv, s_k = k.shape[1], k.shape[2]
     out = torch.empty_like(q)  # out: [B, H, S_q, D]
     arch = _arch(q.device)
+    if tile is None and window_hint is not None and _window_row(arch, d, window_hint if window_hint < s_k else 0):
+        tile, hinted = prefill_config_for_window(arch, d, window_hint if window_hint < s_k else 0)
+        hopper = hinted if isinstance(hopper, str) else hopper
+    if isinstance(hopper, str):
+        if hopper != "auto":
+            from edgeattn.errors import InputError
+
+            raise InputError(f"hopper: expected a HopperVariant, a dict, None or 'auto', found {hopper!r}")
+        hopper = PREFILL_HOPPER.get(arch) if q.is_cuda and use_tma is None else None
     bm, bn, warps, stages = tile or prefill_tile(arch, d)
+    if hopper is not None:
+        variant = hopper if isinstance(hopper, HopperVariant) else HopperVariant(**hopper)
+        mask = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else window
+        return _launch_hopper(q, k, v, window, mask, out, sinks=sinks, causal=causal, scale=scale,
+                              has_pad=key_padding_mask is not None, tile=(bm, bn, warps, stages),
+                              variant=variant, arch=arch)
     if use_tma is None:
         use_tma = PREFILL_TMA.get(arch, False) and q.is_cuda
     if use_tma:
@@ -508,4 +823,5 @@ def attended_pairs(s_q: int, s_k: int, window: int, sinks: int, causal: bool) ->
 
 
 __all__ = ["windowed_attention", "windowed_prefill", "windowed_decode", "attended_pairs", "prefill_tile",
-           "decode_splits", "PREFILL_TMA", "PREFILL_TILES"]
+           "decode_splits", "PREFILL_TMA", "PREFILL_TILES", "HopperVariant", "PREFILL_WINDOW_TABLE", "PREFILL_HOPPER",
+           "prefill_tile_for_window", "prefill_config_for_window", "descriptor_problem"]
