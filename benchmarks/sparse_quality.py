@@ -27,6 +27,33 @@ from edgeattn.quantize.sparsity_finetune import FinetuneConfig, distill_, read_t
 HELD_OUT_DOCS = 30
 
 
+def stdlib_docstrings(limit_chars: int = 8_000_000) -> list[str]:
+    """Prose docstrings of the standard library's modules (parsed with ast, nothing imported)."""
+    import ast
+    import re
+    import sysconfig
+
+    out, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="ignore"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node) or ""
+                sents = [" ".join(x.split()) for x in re.split(r"(?<=[.!?])\s+", doc)]
+                sents = [x.rstrip(".") for x in sents if 5 <= len(x.split()) <= 60 and not re.search(r"[>{}=\[\]]|\(\)", x)]
+                if sents:
+                    out.append(". ".join(sents) + ".")
+                    total += len(out[-1])
+        if total > limit_chars:
+            break
+    return out
+
+
 def pydoc_documents() -> list[str]:
     """English prose from the standard library's pydoc_data topics, as '. '-joined documents (no code lines)."""
     import re
@@ -84,8 +111,10 @@ def main() -> None:
     parser.add_argument("--eval-docs", type=int, default=HELD_OUT_DOCS, help="held-out documents for perplexity")
     parser.add_argument("--time-budget-s", type=float, default=None, help="cap the fine-tune steps to this time")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
-    parser.add_argument("--extra-text", choices=["none", "pydoc"], default="none",
-                        help="add English sentences from Python's bundled documentation (pydoc_data) to training")
+    parser.add_argument("--extra-text", choices=["none", "pydoc", "stdlib"], default="none",
+                        help="add English sentences from Python's bundled documentation (pydoc_data), or also "
+                             "the standard library's docstrings (stdlib), to the fine-tuning text")
+    parser.add_argument("--train-embeddings", action="store_true", help="also train the embedding tables")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -95,8 +124,10 @@ def main() -> None:
     docs = read_texts()
     train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
     ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len,
-                        time_budget_s=args.time_budget_s, bf16=args.bf16)
-    train_text = train_docs + (pydoc_documents() if args.extra_text == "pydoc" else [])
+                        time_budget_s=args.time_budget_s, bf16=args.bf16, train_embeddings=args.train_embeddings)
+    train_text = train_docs + (pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else [])
+    train_text += stdlib_docstrings() if args.extra_text == "stdlib" else []
+    print(f"fine-tuning text: {len(train_text)} documents", flush=True)
     calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1))
     calib = [next(calib) for _ in range(args.calib_batches)]
     t0 = time.time()

@@ -38,12 +38,17 @@ PREFILL_TMA: dict[int, bool] = {90: False}
 # The prefill kernel windowed_prefill uses on CUDA when the caller passes no `hopper` (and no window_hint):
 # None = _windowed_fwd_kernel, else HopperVariant fields for _windowed_fwd_hopper_kernel. Unchanged
 # (None) until an H200 `attention_h200.py --sweep-hopper` run shows a variant winning.
-PREFILL_HOPPER: dict[int, dict | None] = {90: None}
+PREFILL_HOPPER: dict[int, dict | None] = {90: {"desc": True}}  # H200 sweep 2026-11-29: 1.0-1.1x the default
 # Per-window choices for the prefill kernel when the caller knows the window (windowed_prefill(...,
 # window_hint=W)): (arch base, head dim) -> [(largest window it serves, 0 = any incl. full, tile,
 # HopperVariant fields or None = the default kernel)], smallest window first. Empty until an H200
 # `attention_h200.py --sweep-hopper` run fills it; then the default tile/kernel applies.
-PREFILL_WINDOW_TABLE: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int], dict | None]]] = {}
+PREFILL_WINDOW_TABLE: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int], dict | None]]] = {
+    (90, 64): [(256, (64, 64, 4, 3), None), (1024, (64, 64, 4, 3), {"desc": True}),
+               (0, (64, 64, 4, 3), {"desc": True, "fold_scale": True})],
+    (90, 128): [(256, (64, 64, 4, 3), None), (1024, (64, 64, 4, 3), {"desc": True}),
+                (0, (128, 128, 8, 3), {"desc": True})],
+}
 DECODE_BLOCK_N = 64
 DECODE_MAX_QUERIES = 16  # S_q at or below this (per kv head: group * S_q <= 64) takes the decode path
 

@@ -29,6 +29,7 @@ class FinetuneConfig:
     loss: str = "auto"  # auto: hidden for encoders, logits for decoders
     time_budget_s: float | None = None  # stop early: after 20 steps, cap the steps to fit this budget
     bf16: bool = False  # autocast forward passes to bfloat16 (CUDA)
+    train_embeddings: bool = False  # also train the (unpruned) embedding tables
 
     def __post_init__(self) -> None:
         if self.time_budget_s is not None and self.time_budget_s <= 0:
@@ -102,7 +103,8 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
         for p in m.parameters(recurse=False):
             p.requires_grad_(False)
     for m in student.modules():
-        if isinstance(m, torch.nn.LayerNorm) or (isinstance(m, torch.nn.Linear) and m.in_features % 4 == 0):
+        if isinstance(m, torch.nn.LayerNorm) or (isinstance(m, torch.nn.Linear) and m.in_features % 4 == 0) \
+                or (config.train_embeddings and isinstance(m, torch.nn.Embedding)):
             for p in m.parameters():  # parametrized weights expose `original` here
                 if p.data_ptr() not in {q.data_ptr() for q in params}:
                     p.requires_grad_(True)

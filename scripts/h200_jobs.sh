@@ -3,6 +3,7 @@
 # Model files wait in /tmp/pay between calls (the machine stays warm 30 s after a call); jobs run
 # detached (setsid) and write to /tmp/res, which `collect` packs into $OUT.
 #   setup  (carry .whl .gpu_payload)  install edgeattn, stash MiniLM + text, start the 2:4 MiniLM job on GPU 0
+#   sparse NAME GPU [OPTIONS]         start one more 2:4 MiniLM run (sparse_quality.py options)
 #   part DIR (carry DIR)              stash one piece of the SmolLM2 GGUF file
 #   smol                              join the GGUF pieces, start the SmolLM2 QAT jobs on GPU 0
 #   kernels                           the Hopper kernel sweep and table on GPU 1 (foreground)
@@ -23,9 +24,14 @@ case ${1:-} in
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/res/install.log 2>&1 || { tail /tmp/res/install.log; exit 1; }
     cp -r .gpu_payload /tmp/pay/gp
     nvidia-smi --query-gpu=index,name,memory.used --format=csv
-    start sparse 0 python3 benchmarks/sparse_quality.py /tmp/pay/gp/minilm --device cuda --steps 200000 \
-      --time-budget-s "${SPARSE_BUDGET:-390}" --batch 128 --seq-len 128 --lr 4e-4 --bf16 --extra-text pydoc \
-      --calib-batches 16 --qat --qat-steps 600 --json /tmp/res/sparse.json
+    [ "${SPARSE_BUDGET:-390}" = 0 ] || start sparse 0 python3 benchmarks/sparse_quality.py /tmp/pay/gp/minilm --device cuda \
+      --steps 200000 --time-budget-s "${SPARSE_BUDGET:-390}" --batch 128 --seq-len 128 --lr 4e-4 --bf16 \
+      --extra-text pydoc --calib-batches 16 --qat --qat-steps 600 --json /tmp/res/sparse.json
+    ;;
+  sparse)  # sparse NAME GPU [sparse_quality.py options]: one more 2:4 MiniLM run
+    name=$2 gpu=$3; shift 3
+    start "sparse_$name" "$gpu" python3 benchmarks/sparse_quality.py /tmp/pay/gp/minilm --device cuda --steps 200000 \
+      --batch 128 --seq-len 128 --lr 4e-4 --bf16 --calib-batches 16 --json "/tmp/res/sparse_$name.json" "$@"
     ;;
   part)
     cp "${2:?folder}"/* /tmp/pay/ && ls -la /tmp/pay
