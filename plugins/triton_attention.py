@@ -44,9 +44,10 @@ PREFILL_HOPPER: dict[int, dict | None] = {90: {"desc": True}}  # H200 sweep 2026
 # HopperVariant fields or None = the default kernel)], smallest window first. Empty until an H200
 # `attention_h200.py --sweep-hopper` run fills it; then the default tile/kernel applies.
 PREFILL_WINDOW_TABLE: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int], dict | None]]] = {
-    (90, 64): [(256, (64, 64, 4, 3), None), (1024, (64, 64, 4, 3), {"desc": True}),
-               (0, (64, 64, 4, 3), {"desc": True, "fold_scale": True})],
-    (90, 128): [(256, (64, 64, 4, 3), None), (1024, (64, 64, 4, 3), {"desc": True}),
+    # second H200 sweep, 2026-11-29 (benchmarks/results/attention_h200_sweep2_2026-11-29.log)
+    (90, 64): [(256, (64, 64, 4, 2), {"desc": True}), (1024, (64, 64, 4, 2), {"desc": True, "loop_stages": 2}),
+               (0, (64, 128, 4, 3), {"desc": True})],
+    (90, 128): [(256, (64, 64, 4, 3), {"desc": True}), (1024, (64, 64, 4, 3), {"desc": True, "fold_scale": True}),
                 (0, (128, 128, 8, 3), {"desc": True})],
 }
 DECODE_BLOCK_N = 64
