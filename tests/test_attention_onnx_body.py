@@ -15,7 +15,7 @@ from edgeattn.attention.reference import windowed_attention_np
 from edgeattn.errors import ConfigError, ModelError
 
 
-def layer(causal: int, sinks: int, mask: bool, opset: int = 18) -> onnx.ModelProto:
+def layer(causal: int, sinks: int, mask: bool, opset: int = 18, body: str = "blocked") -> onnx.ModelProto:
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", f"h_{n}", f"s_{n}", "d"]) for n in "qkv"]
     inputs.append(helper.make_tensor_value_info("window", TensorProto.INT64, []))
     if mask:
@@ -25,7 +25,7 @@ def layer(causal: int, sinks: int, mask: bool, opset: int = 18) -> onnx.ModelPro
     model = helper.make_model(helper.make_graph([node], "layer", inputs, [out]),
                               opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10  # what ONNX Runtime 1.30 (the H200 image) still loads; onnx's default is newer
-    attach_function(model)
+    attach_function(model, body)
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -39,9 +39,13 @@ SHAPES = [(1, 2, 2, 5, 5), (2, 4, 2, BLOCK_Q + 3, BLOCK_Q + 3), (1, 3, 1, 2 * BL
           (1, 2, 1, 1, 3 * BLOCK_K - 7), (2, 2, 2, 9, BLOCK_K + 40)]
 
 
+BODIES = ("blocked", "dense")
+
+
+@pytest.mark.parametrize("body", BODIES)
 @pytest.mark.parametrize("causal,sinks,mask", list(itertools.product((1, 0), (0, 4), (False, True))))
-def test_body_matches_reference(causal, sinks, mask):
-    sess = session(layer(causal, sinks, mask))
+def test_body_matches_reference(causal, sinks, mask, body):
+    sess = session(layer(causal, sinks, mask, body=body))
     rng = np.random.default_rng(causal * 10 + sinks + mask)
     worst = 0.0
     for b, h, h_kv, s_q, s_k in SHAPES:
@@ -62,16 +66,18 @@ def test_body_matches_reference(causal, sinks, mask):
     assert worst <= 1e-5
 
 
-def test_fully_padded_rows_are_zero_not_nan():
-    sess = session(layer(1, 0, True))
+@pytest.mark.parametrize("body", BODIES)
+def test_fully_padded_rows_are_zero_not_nan(body):
+    sess = session(layer(1, 0, True, body=body))
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((1, 1, 6, 8)).astype(np.float32) for _ in range(3))
     out = sess.run(None, {"q": q, "k": k, "v": v, "window": np.array(2, np.int64), "pad": np.zeros((1, 6), bool)})[0]
     assert np.array_equal(out, np.zeros_like(out))
 
 
-def test_negative_window_runs_as_full():
-    sess = session(layer(1, 0, False))
+@pytest.mark.parametrize("body", BODIES)
+def test_negative_window_runs_as_full(body):
+    sess = session(layer(1, 0, False, body=body))
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((1, 2, 7, 8)).astype(np.float32) for _ in range(3))
     run = lambda w: sess.run(None, {"q": q, "k": k, "v": v, "window": np.array(w, np.int64)})[0]  # noqa: E731
@@ -85,8 +91,9 @@ def test_float_window_is_rejected_at_run_time():
         sess.run(None, {"q": x, "k": x, "v": x, "window": np.array(2.0, np.float32)})
 
 
-def test_fp16_inputs_keep_their_type():
-    model = layer(0, 0, False)
+@pytest.mark.parametrize("body", BODIES)
+def test_fp16_inputs_keep_their_type(body):
+    model = layer(0, 0, False, body=body)
     for value in list(model.graph.input)[:3] + list(model.graph.output):
         value.type.tensor_type.elem_type = TensorProto.FLOAT16
     rng = np.random.default_rng(5)
@@ -112,6 +119,15 @@ def test_function_is_block_local():
     assert {a.name for a in fn.attribute_proto} == {"causal", "sinks", "scale", "plugin_namespace"}
 
 
+def test_dense_body_is_small_and_has_one_score_gemm():
+    dense, blocked = function_proto(18, "dense"), function_proto(18)
+    ops = [n.op_type for n in dense.node]
+    assert ops.count("MatMul") == 2 and ops.count("Softmax") == 1 and "Gather" not in ops
+    assert len(dense.node) * 2 < len(blocked.node)
+    with pytest.raises(ValueError, match="body"):
+        function_proto(18, "sparse")
+
+
 @pytest.mark.parametrize("kwargs", [{"causal": 2}, {"sinks": -1}, {"scale": -1.0}])
 def test_bad_attributes(kwargs):
     with pytest.raises(ConfigError):
@@ -123,13 +139,14 @@ def test_body_needs_opset_18():
         layer(1, 0, False, opset=17)
 
 
+@pytest.mark.parametrize("body", BODIES)
 @pytest.mark.parametrize("k_shape,v_shape,rule", [
     ((1, 2, 5, 8), (1, 2, 6, 8), "expected v of k's shape"),
     ((1, 3, 5, 8), (1, 3, 5, 8), "H a multiple of k's H_kv"),
     ((1, 2, 5, 4), (1, 2, 5, 4), "with q's B and D"),
 ])
-def test_disagreeing_shapes_fail_with_the_rule_at_run_time(k_shape, v_shape, rule):
-    sess = session(layer(1, 0, False))
+def test_disagreeing_shapes_fail_with_the_rule_at_run_time(k_shape, v_shape, rule, body):
+    sess = session(layer(1, 0, False, body=body))
     q = np.zeros((1, 2, 5, 8), np.float32)
     feeds = {"q": q, "k": np.zeros(k_shape, np.float32), "v": np.zeros(v_shape, np.float32), "window": np.array(2)}
     with pytest.raises(Exception, match=rule.replace("'", ".")):

@@ -6,6 +6,11 @@ reach, plus the sink block(s). The run's block indices are computed from `window
 Add, Gather), scores are computed only on those keys, masked by exact positions (docs/windowed-attention.md),
 and softmax-ed together with the sink keys. `window` 0 or >= S_k gives a run over every key block: exact
 full attention.
+
+`body="dense"` gives a second, equivalent body for short sequences: one [S_q, S_k] mask from positions,
+one score GEMM, Softmax, one GEMM. Its work is S_q x S_k whatever the window, but it has a tenth of the
+nodes, which is what counts on a CPU at a few hundred tokens (`edgeattn build` picks it for the cpu target
+when the sequence range ends at or below DENSE_MAX_SEQ; see passes/attention_body.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from edgeattn.attention import DOMAIN, OP_TYPE
 BLOCK_Q = 64  # query rows per block (64/64 measured fastest on CPU at S=4096)
 BLOCK_K = 64  # keys per block; the run of key blocks is ceil((window + BLOCK_Q - 1) / BLOCK_K) + 1 long
 INPUTS = ("q", "k", "v", "window", "key_padding_mask")
+BODIES = ("blocked", "dense")
+DENSE_MAX_SEQ = 512  # the cpu target uses the dense body up to this many keys
 ATTRIBUTES = {"causal": 1, "sinks": 0, "scale": 0.0, "plugin_namespace": DOMAIN}
 
 
@@ -154,6 +161,51 @@ def _build(b: _Body) -> str:
     return b.CastLike(o, "q") if b.opset >= 15 else b.Cast(o, to=TensorProto.FLOAT)
 
 
+def _build_dense(b: _Body) -> str:
+    """The dense body: masked scores over every key. G = H / H_kv query heads share a KV head.
+
+    The [S_k, S_k] mask is computed from the key padding mask, the window and the attributes alone, so
+    once ONNX Runtime inlines the op into every layer the copies are identical and its common-subexpression
+    pass keeps one; each layer only slices its last S_q rows."""
+    i0, i1 = b.const(0), b.const(1)
+    causal = b.Cast(b.attr_const("causal", onnx.AttributeProto.INT), to=TensorProto.INT64)
+    sinks = b.attr_const("sinks", onnx.AttributeProto.INT)
+    scale_attr = b.attr_const("scale", onnx.AttributeProto.FLOAT)
+    # shared part: [B, 1, 1, S_k, S_k] additive mask and [B, 1, 1, S_k, 1] "row has a key"
+    pm = b.Cast("key_padding_mask", to=TensorProto.BOOL)  # [B, S_k]
+    pm_shape = b.Shape(pm)
+    bsz, sk = b.dim(pm_shape, 0), b.dim(pm_shape, 1)
+    w = b.Reshape("window", b.const([], np.int64))
+    w = b.Where(b.Or(b.LessOrEqual(w, i0), b.GreaterOrEqual(w, sk)), sk, w)  # 0 / negative / >= S_k: full
+    pos = b.Range(i0, sk, i1)
+    qpos, kpos = b.Unsqueeze(pos, b.const([1])), b.Unsqueeze(pos, b.const([0]))  # [S_k, 1], [1, S_k]
+    ok = b.Or(b.Equal(causal, i0), b.LessOrEqual(kpos, qpos))
+    ok = b.And(ok, b.Or(b.Less(b.Abs(b.Sub(qpos, kpos)), w), b.Less(kpos, sinks)))  # [S_k, S_k]
+    ok = b.And(ok, b.Reshape(pm, b.vec(bsz, i1, i1, i1, sk)))  # [B, 1, 1, S_k, S_k]
+    # a finite -1e30 keeps Softmax NaN-free; rows with no key at all are zeroed after (any_ok)
+    bias = b.Where(ok, b.const(0.0, np.float32), b.const(-1e30, np.float32))
+    any_ok = b.reduce("ReduceMax", b.Cast(ok, to=TensorProto.FLOAT), -1)  # [B, 1, 1, S_k, 1]
+    # per layer: queries are the last S_q positions
+    qf, kf = (b.Cast(x, to=TensorProto.FLOAT) for x in ("q", "k"))
+    vf = b.Reshape(b.Cast("v", to=TensorProto.FLOAT), b.Shape("k"), check="expected v of k's shape [B, H_kv, S_k, D]")
+    sq_shape = b.Shape("q")
+    h, sq, d = (b.dim(sq_shape, i) for i in (1, 2, 3))
+    hkv = b.dim(b.Shape("k"), 1)
+    g = b.Div(h, hkv)
+    d_f = b.Cast(d, to=TensorProto.FLOAT)
+    scale = b.Where(b.Equal(scale_attr, b.const(0.0, np.float32)), b.Reciprocal(b.Sqrt(d_f)), scale_attr)
+    rows = (b.Unsqueeze(b.Sub(sk, sq), b.const([0])), b.Unsqueeze(sk, b.const([0])), b.const([3]))
+    bias, any_ok = b.Slice(bias, *rows), b.Slice(any_ok, *rows)  # [B, 1, 1, S_q, S_k], [B, 1, 1, S_q, 1]
+    qg = b.Reshape(qf, b.vec(bsz, hkv, g, sq, d), check="expected q [B, H, S_q, D] with H a multiple of k's H_kv")
+    kg = b.Reshape(kf, b.vec(bsz, hkv, i1, sk, d),
+                   check="expected k [B, H_kv, S_k, D] with q's B and D and the padding mask's S_k")
+    vg = b.Reshape(vf, b.vec(bsz, hkv, i1, sk, d))
+    scores = b.Add(b.MatMul(b.Mul(qg, scale), b.Transpose(kg, perm=[0, 1, 2, 4, 3])), bias)  # [B, H_kv, G, S_q, S_k]
+    o = b.Mul(b.MatMul(b.Softmax(scores, axis=-1), vg), any_ok)  # [B, H_kv, G, S_q, D]
+    o = b.Reshape(o, b.vec(bsz, h, sq, d))
+    return b.CastLike(o, "q") if b.opset >= 15 else b.Cast(o, to=TensorProto.FLOAT)
+
+
 def _with_padding(b: _Body, ok_w, ok_s, blocks, nsb, nkb, bsz, sk, nqb, lw, ls):
     """AND the key padding mask [B, S_k] into both masks (block-gathered like the keys)."""
     i0, i1, bk = b.const(0), b.const(1), b.const(BLOCK_K)
@@ -166,10 +218,13 @@ def _with_padding(b: _Body, ok_w, ok_s, blocks, nsb, nkb, bsz, sk, nqb, lw, ls):
     return b.And(ok_w, pw), b.And(ok_s, ps)
 
 
-def function_proto(opset: int = 18) -> onnx.FunctionProto:
-    """The local function edgeattn::WindowedAttention, written against the default-domain `opset`."""
+def function_proto(opset: int = 18, body: str = "blocked") -> onnx.FunctionProto:
+    """The local function edgeattn::WindowedAttention, written against the default-domain `opset`.
+    body: "blocked" (work follows the window) or "dense" (fewest nodes; for short sequences)."""
+    if body not in BODIES:
+        raise ValueError(f"body: expected one of {BODIES}, found {body!r}")
     b = _Body(opset)
-    out = _build(b)
+    out = _build(b) if body == "blocked" else _build_dense(b)
     b.nodes.append(helper.make_node("Identity", [out], ["out"]))
     fn = helper.make_function(DOMAIN, OP_TYPE, list(INPUTS), ["out"], b.nodes,
                               [helper.make_opsetid("", opset)], attributes=[])

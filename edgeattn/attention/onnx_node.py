@@ -36,8 +36,9 @@ def make_node(q: str, k: str, v: str, window: str, key_padding_mask: str | None 
                             sinks=int(sinks), scale=float(scale), plugin_namespace=PLUGIN_NAMESPACE)
 
 
-def attach_function(model: onnx.ModelProto) -> onnx.ModelProto:
+def attach_function(model: onnx.ModelProto, body: str = "blocked") -> onnx.ModelProto:
     """Add the local function (for the model's default opset) and the edgeattn opset import, in place.
+    body: "blocked" (cost follows the window) or "dense" (short sequences; see onnx_function).
 
     The body always reads a key padding mask: nodes given without one get an all-true mask [B, S_k]
     built from k's shape (ONNX Runtime cannot run a function body that names a missing input).
@@ -50,7 +51,7 @@ def attach_function(model: onnx.ModelProto) -> onnx.ModelProto:
         raise ModelError(f"edgeattn::WindowedAttention's ONNX body needs opset >= 18, found opset {opset}")
     kept = [f for f in model.functions if not (f.domain == DOMAIN and f.name == OP_TYPE)]
     del model.functions[:]
-    model.functions.extend(kept + [function_proto(opset)])
+    model.functions.extend(kept + [function_proto(opset, body)])
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
     _fill_missing_masks(model.graph)

@@ -25,7 +25,10 @@ from edgeattn.targets import TARGETS
 @click.option("--tolerance", type=float, help="Parity tolerance, max abs diff [default: 1e-4; for quantized graphs "
               "5% of the largest output magnitude].")
 @click.option("--name", help="Model name in the manifest [default: the file's stem].")
-def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name):
+@click.option("--attention-body", default="auto", show_default=True, type=click.Choice(["auto", "blocked", "dense"]),
+              help="ONNX body of the fused attention op: blocked (cost follows the window), dense (fewest nodes; "
+                   "short sequences); auto: dense on ONNX Runtime up to 512 tokens.")
+def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name, attention_body):
     """Build a deployable bundle from MODEL (an .onnx file).
 
     Validates the model, runs the graph passes (attention fusion and checks), builds the engine or
@@ -39,7 +42,8 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
 
     console = Console(stderr=True)
     config = BuildConfig(target=target, out=out, precision=precision, batch=batch, seq=seq, dims=tuple(dims),
-                         strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name)
+                         strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name,
+                         attention_body=attention_body)
     with console.status("building") as status:
         bundle = run_build(model, config, progress=lambda msg: (status.update(msg), console.print(f"[dim]{msg}[/]")))
     m = bundle.manifest

@@ -5,7 +5,8 @@
 
 A symmetric int8 activation shifted by 128 is exactly the uint8 one with zero point 128, so the result is
 the Q/DQ graph's, computed by ORT's u8s8 integer GEMM (what quantize_dynamic uses) instead of float
-MatMul on dequantized tensors. Applied to the cpu target only: the Q/DQ graph itself is what TensorRT
+MatMul on dequantized tensors. A following Add of a constant [N] bias is folded into the node, and MatMuls
+that quantize the same activation with the same scale share one QuantizeLinear. Applied to the cpu target only: the Q/DQ graph itself is what TensorRT
 builds. INT4 block-wise DQ -> MatMul is left to ORT's own MatMulNBits fusion.
 """
 
@@ -53,22 +54,49 @@ def _why_not(matmul: ir.Node) -> str | None:
     return None
 
 
-def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value) -> None:
+def _bias_add(matmul: ir.Node, n_out: int) -> tuple[ir.Node, ir.Value] | None:
+    """The Add that only adds a constant [N] float bias to the MatMul's output, and that bias."""
+    uses = list(matmul.outputs[0].uses())
+    if len(uses) != 1 or uses[0].node.op_type != "Add" or matmul.outputs[0] in matmul.graph.outputs:
+        return None
+    add = uses[0].node
+    other = add.inputs[1 - uses[0].idx]
+    bias = _const(other)
+    if bias is None or bias.dtype != np.float32 or bias.shape != (n_out,):
+        return None
+    return add, other
+
+
+def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value, quantized: dict) -> bool:
+    """Rewrite one MatMul; returns True when its bias Add was folded in. `quantized` reuses one uint8
+    QuantizeLinear per (activation, scale)."""
     dq_w = matmul.inputs[1].producer()
     q = matmul.inputs[0].producer().inputs[0].producer()
     x, sx = q.inputs[0], q.inputs[1]
-    quant = ir.node("QuantizeLinear", [x, sx, zero_u8], name=f"{matmul.name}/quantize_u8")
-    quant.outputs[0].dtype = ir.DataType.UINT8
-    fused = ir.node("MatMulIntegerToFloat", [quant.outputs[0], dq_w.inputs[0], sx, dq_w.inputs[1], zero_u8],
-                    domain=MS, name=f"{matmul.name}/int8")
+    key = (id(x), float(_const(sx).reshape(())))
+    new_nodes = []
+    if key not in quantized:
+        quant = ir.node("QuantizeLinear", [x, sx, zero_u8], name=f"{matmul.name}/quantize_u8")
+        quant.outputs[0].dtype = ir.DataType.UINT8
+        quantized[key] = quant.outputs[0]
+        new_nodes.append(quant)
+    inputs = [quantized[key], dq_w.inputs[0], sx, dq_w.inputs[1], zero_u8]
+    bias = _bias_add(matmul, _const(dq_w.inputs[0]).shape[1])
+    if bias is not None:
+        inputs += [None, bias[1]]  # no weight zero point (symmetric), then the bias
+    fused = ir.node("MatMulIntegerToFloat", inputs, domain=MS, name=f"{matmul.name}/int8")
     fused.outputs[0].dtype = ir.DataType.FLOAT
-    fused.outputs[0].shape = matmul.outputs[0].shape
-    graph.insert_before(matmul, [quant, fused])
-    ir.convenience.replace_all_uses_with(matmul.outputs[0], fused.outputs[0])
-    if matmul.outputs[0] in graph.outputs:
-        graph.outputs[graph.outputs.index(matmul.outputs[0])] = fused.outputs[0]
-        fused.outputs[0].name = matmul.outputs[0].name
+    replaced = bias[0] if bias is not None else matmul  # the value downstream nodes read
+    fused.outputs[0].shape = replaced.outputs[0].shape
+    graph.insert_before(matmul, [*new_nodes, fused])
+    ir.convenience.replace_all_uses_with(replaced.outputs[0], fused.outputs[0])
+    if replaced.outputs[0] in graph.outputs:
+        graph.outputs[graph.outputs.index(replaced.outputs[0])] = fused.outputs[0]
+        fused.outputs[0].name = replaced.outputs[0].name
+    if bias is not None:
+        graph.remove(bias[0], safe=True)
     graph.remove(matmul, safe=True)
+    return bias is not None
 
 
 class LowerQdqMatMulForCpu:
@@ -78,8 +106,8 @@ class LowerQdqMatMulForCpu:
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"skipped: target {ctx.target.name} builds the Q/DQ graph itself")
         graph = model.graph
-        lowered, problems = 0, []
-        zero_u8 = None
+        lowered, biased, problems = 0, 0, []
+        zero_u8, quantized = None, {}
         for node in list(graph):
             if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
                 continue
@@ -92,12 +120,14 @@ class LowerQdqMatMulForCpu:
                 zero_u8 = ir.Value(name="qdq_cpu_zero_point_u8", const_value=ir.tensor(np.array(128, np.uint8), name="qdq_cpu_zero_point_u8"))
                 zero_u8.shape, zero_u8.dtype = ir.Shape([]), ir.DataType.UINT8
                 graph.register_initializer(zero_u8)
-            _lower(graph, node, zero_u8)
+            biased += _lower(graph, node, zero_u8, quantized)
             lowered += 1
         if lowered:
             model.opset_imports.setdefault(MS, 1)
             import onnx_ir.passes.common as common
 
             common.RemoveUnusedNodesPass()(model)
-        return PassResult(self.name, lowered > 0, f"{lowered} int8 Q/DQ MatMuls -> MatMulIntegerToFloat",
-                          {"lowered": lowered}, problems)
+        return PassResult(self.name, lowered > 0, f"{lowered} int8 Q/DQ MatMuls -> MatMulIntegerToFloat "
+                          f"({biased} with the bias folded in, {len(quantized)} activation quantizations)",
+                          {"lowered": lowered, "bias_folded": biased, "activation_quantizations": len(quantized)},
+                          problems)

@@ -9,6 +9,7 @@ from edgeattn.passes import GraphPass
 
 PASSES: dict[str, str] = {
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
+    "attention-body": "edgeattn.passes.attention_body:AttentionBody",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
     "check-sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before lower-qdq-cpu rewrites the MatMuls
     "lower-qdq-cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
