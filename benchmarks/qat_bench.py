@@ -99,7 +99,7 @@ def run_case(name: str, steps: int | None, opts: argparse.Namespace | None = Non
     return result
 
 
-def run_speed(repeats: int = 12, rounds: int = 5) -> dict:
+def run_speed(repeats: int = 12, rounds: int = 7) -> dict:
     """The INT8 MiniLM bundle (edgeattn build --target cpu) vs ORT quantize_dynamic, at batch 1 and 8."""
     import numpy as np
     import onnxruntime as ort
@@ -172,13 +172,16 @@ def table() -> None:
     targets = {"minilm-w8a8": "cos mean >= 0.995, min >= 0.98", "minilm-w4": "cos mean >= 0.98",
                "smollm2-w8a8": "ppl <= +3%", "smollm2-w4": "ppl <= +10%"}
     for name in CASES:
-        f = RESULTS / f"qat_{name}.json"
-        if not f.is_file():
+        files = sorted(RESULTS.glob(f"qat_{name}*.json"))  # qat_<case>.json and tagged runs (qat_<case>_h200.json)
+        if not files:
             print(f"| {name} | not run | | | | {targets[name]} |")
             continue
-        r = json.loads(f.read_text())
-        fmt = _fmt_ppl if r["model"] == "smollm2" else _fmt_cos
-        print(f"| {name} | {r['steps']} | {fmt(r['ptq'])} | {fmt(r['qat_torch'])} | {fmt(r['qat_onnx'])} | {targets[name]} |")
+        for f in files:
+            r = json.loads(f.read_text())
+            fmt = _fmt_ppl if r["model"] == "smollm2" else _fmt_cos
+            run = f"{name}{f.stem[len('qat_') + len(name):]}" + (f" ({r.get('device', 'cpu')}"
+                                                                 + (f", smooth {r['smoothing_alpha']}" if r.get("smoothing_alpha") else "") + ")")
+            print(f"| {run} | {r['steps']} | {fmt(r['ptq'])} | {fmt(r['qat_torch'])} | {fmt(r['qat_onnx'])} | {targets[name]} |")
     f = RESULTS / "qat_speed.json"
     if f.is_file():
         r = json.loads(f.read_text())

@@ -25,7 +25,8 @@ CASES_SCRIPT = Path(__file__).with_name("kernels_hopper_cases.py")
 
 @pytest.fixture(scope="module")
 def errors() -> dict[str, float]:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES_SCRIPT.parent))
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(CASES_SCRIPT.parent), os.environ.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, str(CASES_SCRIPT)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
