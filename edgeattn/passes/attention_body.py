@@ -67,6 +67,15 @@ def _const(graph: ir.Graph, name: str, value) -> ir.Value:
     return v
 
 
+def _replace(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """Every use of `old` (a graph output too, keeping its name) reads `new`."""
+    name, is_output = old.name, old in graph.outputs
+    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+    if is_output:
+        old.name = f"{name}_replaced"
+        new.name = name
+
+
 def _why_not_lowered(node: ir.Node) -> str | None:
     q, k = node.inputs[0], node.inputs[1]
     if q.dtype != ir.DataType.FLOAT:
@@ -151,10 +160,7 @@ def lower_dense(model: ir.Model) -> tuple[int, dict[str, str]]:
         out = op("Mul", out, any_ok)  # rows with no key at all: zeros
         graph.insert_before(node, new)
         out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
-        ir.convenience.replace_all_uses_with(node.outputs[0], out)
-        if node.outputs[0] in graph.outputs:
-            graph.outputs[graph.outputs.index(node.outputs[0])] = out
-            out.name = node.outputs[0].name
+        _replace(graph, node.outputs[0], out)
         graph.remove(node, safe=True)
         lowered += 1
     return lowered, kept

@@ -89,10 +89,12 @@ def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value, quantized: dict)
     replaced = bias[0] if bias is not None else matmul  # the value downstream nodes read
     fused.outputs[0].shape = replaced.outputs[0].shape
     graph.insert_before(matmul, [*new_nodes, fused])
-    ir.convenience.replace_all_uses_with(replaced.outputs[0], fused.outputs[0])
-    if replaced.outputs[0] in graph.outputs:
-        graph.outputs[graph.outputs.index(replaced.outputs[0])] = fused.outputs[0]
-        fused.outputs[0].name = replaced.outputs[0].name
+    old, name = replaced.outputs[0], replaced.outputs[0].name
+    is_output = old in graph.outputs
+    ir.convenience.replace_all_uses_with(old, fused.outputs[0], replace_graph_outputs=True)
+    if is_output:  # the graph output keeps its name
+        old.name = f"{name}_replaced"
+        fused.outputs[0].name = name
     if bias is not None:
         graph.remove(bias[0], safe=True)
     graph.remove(matmul, safe=True)
