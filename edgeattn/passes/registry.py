@@ -13,6 +13,7 @@ PASSES: dict[str, str] = {
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
     "check-sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before lower-qdq-cpu rewrites the MatMuls
     "lower-qdq-cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",
+    "fuse-gelu-cpu": "edgeattn.passes.gelu_cpu:FuseGeluForCpu",
 }
 
 DEFAULT_PASSES: tuple[str, ...] = tuple(PASSES)
