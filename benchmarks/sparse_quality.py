@@ -115,6 +115,7 @@ def main() -> None:
                         help="add English sentences from Python's bundled documentation (pydoc_data), or also "
                              "the standard library's docstrings (stdlib), to the fine-tuning text")
     parser.add_argument("--train-embeddings", action="store_true", help="also train the embedding tables")
+    parser.add_argument("--cosine-weight", type=float, default=1.0, help="weight of the pooled-cosine loss term")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -124,7 +125,8 @@ def main() -> None:
     docs = read_texts()
     train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
     ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len,
-                        time_budget_s=args.time_budget_s, bf16=args.bf16, train_embeddings=args.train_embeddings)
+                        time_budget_s=args.time_budget_s, bf16=args.bf16, train_embeddings=args.train_embeddings,
+                        cosine_weight=args.cosine_weight)
     train_text = train_docs + (pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else [])
     train_text += stdlib_docstrings() if args.extra_text == "stdlib" else []
     print(f"fine-tuning text: {len(train_text)} documents", flush=True)

@@ -30,8 +30,11 @@ class FinetuneConfig:
     time_budget_s: float | None = None  # stop early: after 20 steps, cap the steps to fit this budget
     bf16: bool = False  # autocast forward passes to bfloat16 (CUDA)
     train_embeddings: bool = False  # also train the (unpruned) embedding tables
+    cosine_weight: float = 1.0  # encoders: weight of 1 - cosine of the pooled embedding next to the hidden MSE
 
     def __post_init__(self) -> None:
+        if not self.cosine_weight >= 0:
+            raise ConfigError(f"cosine_weight: expected >= 0, found {self.cosine_weight}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ConfigError(f"time_budget_s: expected > 0, found {self.time_budget_s}")
         if self.steps < 0:
@@ -70,7 +73,7 @@ def text_batches(tokenizer, texts: list[str], kind: str, config: FinetuneConfig)
                              max_length=config.seq_len, return_tensors="pt"))
 
 
-def _loss(student, teacher, batch, kind: str):
+def _loss(student, teacher, batch, kind: str, cosine_weight: float = 1.0):
     torch = require("torch")
     f = torch.nn.functional
     if kind == "logits":
@@ -86,7 +89,7 @@ def _loss(student, teacher, batch, kind: str):
     # plus 1 - cosine of the mean-pooled sentence embeddings: what an encoder is used for
     pooled_s, pooled_t = ((x * mask).sum(1) / mask.sum(1) for x in (s[-1], t[-1]))  # [B, H]
     cosine = f.cosine_similarity(pooled_s, pooled_t, dim=-1).mean()
-    return torch.stack(per_layer).mean() + (1.0 - cosine)
+    return torch.stack(per_layer).mean() + cosine_weight * (1.0 - cosine)
 
 
 def distill_(student, teacher, batches: Iterator[dict], kind: str, config: FinetuneConfig = FinetuneConfig(),
@@ -123,7 +126,7 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
             progress(f"{per_step * 1e3:.0f} ms/step: {total[0]} steps fit the {config.time_budget_s:.0f} s budget")
         batch = {k: v.to(device) for k, v in next(batches).items()}  # to wherever the student lives
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
-            loss = _loss(student, teacher, batch, loss_kind).float()
+            loss = _loss(student, teacher, batch, loss_kind, config.cosine_weight).float()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

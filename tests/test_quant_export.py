@@ -135,9 +135,11 @@ def test_cpu_build_lowers_int8_matmuls_and_keeps_the_result(exported, tmp_path):
     assert parity["status"] == "pass" and "quantized graph" in parity["tolerance_basis"]
     assert parity["tolerance"] == pytest.approx(0.05 * parity["reference_max_abs"])
     passes = {p["name"]: p for p in bundle.manifest.sections["passes"]}
-    assert passes["lower-qdq-cpu"]["details"]["lowered"] == 12 and not passes["lower-qdq-cpu"]["problems"]
+    details = passes["lower-qdq-cpu"]["details"]
+    assert details["lowered"] == 12 and not passes["lower-qdq-cpu"]["problems"]
+    assert details["activation_quantizations"] == 8 and details["merged"] == 4  # q/k/v share one GEMM per layer
     ops = bundle.manifest.sections["engine"]["op_counts"]
-    assert ops.get("MatMulIntegerToFloat", 0) == 12 and "DequantizeLinear" not in ops
+    assert ops.get("MatMulIntegerToFloat", 0) == 8 and "DequantizeLinear" not in ops
     batch = {k: v.numpy() for k, v in token_batch(2, 10, seed=6).items()}
     want = _ort(path).run(None, batch)[0]
     got = _ort(bundle.path / bundle.manifest.artifact, optimize=True).run(None, batch)[0]

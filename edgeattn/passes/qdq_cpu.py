@@ -6,7 +6,8 @@
 A symmetric int8 activation shifted by 128 is exactly the uint8 one with zero point 128, so the result is
 the Q/DQ graph's, computed by ORT's u8s8 integer GEMM (what quantize_dynamic uses) instead of float
 MatMul on dequantized tensors. A following Add of a constant [N] bias is folded into the node, and MatMuls
-that quantize the same activation with the same scale share one QuantizeLinear. Applied to the cpu target only: the Q/DQ graph itself is what TensorRT
+that quantize the same activation with the same scale share one QuantizeLinear and then one wider GEMM
+(weights, scales and biases concatenated, then a Split: q/k/v become one GEMM). Applied to the cpu target only: the Q/DQ graph itself is what TensorRT
 builds. INT4 block-wise DQ -> MatMul is left to ORT's own MatMulNBits fusion.
 """
 
@@ -101,6 +102,55 @@ def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value, quantized: dict)
     return bias is not None
 
 
+def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    v = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    v.shape, v.dtype = ir.Shape(array.shape), v.const_value.dtype
+    graph.register_initializer(v)
+    return v
+
+
+def merge_siblings(graph: ir.Graph) -> int:
+    """MatMulIntegerToFloat nodes reading one quantized activation (shared q/k/v quantizer) with constant
+    weights, scales and biases become one wider GEMM and a Split: fewer, larger GEMMs. Returns nodes merged away."""
+    groups: dict[int, list[ir.Node]] = {}
+    for node in graph:
+        if node.op_type == "MatMulIntegerToFloat" and node.domain == MS:
+            groups.setdefault(id(node.inputs[0]), []).append(node)
+    merged = 0
+    for nodes in groups.values():
+        if len(nodes) < 2:
+            continue
+        consts = [[_const(n.inputs[i]) if i < len(n.inputs) else None for i in (1, 3, 6)] for n in nodes]
+        a_scales = {float(_const(n.inputs[2]).reshape(())) if _const(n.inputs[2]) is not None else None for n in nodes}
+        if any(w is None or s is None or b is None or w.ndim != 2 for w, s, b in consts) or len(a_scales) != 1 \
+                or None in a_scales or len({w.shape[0] for w, _, _ in consts}) != 1:
+            continue
+        sizes = [w.shape[1] for w, _, _ in consts]
+        widths = [np.broadcast_to(s.reshape(-1), (w.shape[1],)) for w, s, _ in consts]
+        base = nodes[0].name or "merged"
+        weight = _initializer(graph, f"{base}/merged_weight", np.concatenate([w for w, _, _ in consts], axis=1))
+        scale = _initializer(graph, f"{base}/merged_weight_scale", np.concatenate(widths).astype(np.float32))
+        bias = _initializer(graph, f"{base}/merged_bias", np.concatenate([b for _, _, b in consts]).astype(np.float32))
+        split_sizes = _initializer(graph, f"{base}/merged_split", np.array(sizes, np.int64))
+        first = nodes[0]
+        wide = ir.node("MatMulIntegerToFloat", [first.inputs[0], weight, first.inputs[2], scale, first.inputs[4], None, bias],
+                       domain=MS, name=f"{base}/merged")
+        wide.outputs[0].dtype = ir.DataType.FLOAT
+        split = ir.node("Split", [wide.outputs[0], split_sizes], attributes={"axis": -1}, num_outputs=len(nodes),
+                        name=f"{base}/split")
+        graph.insert_before(first, [wide, split])
+        for n, out in zip(nodes, split.outputs):
+            old, name = n.outputs[0], n.outputs[0].name
+            out.dtype, out.shape = old.dtype, old.shape
+            is_output = old in graph.outputs
+            ir.convenience.replace_all_uses_with(old, out, replace_graph_outputs=True)
+            if is_output:
+                old.name, out.name = f"{name}_replaced", name
+            graph.remove(n, safe=True)
+        merged += len(nodes) - 1
+    return merged
+
+
 class LowerQdqMatMulForCpu:
     name = "lower-qdq-cpu"
 
@@ -124,12 +174,15 @@ class LowerQdqMatMulForCpu:
                 graph.register_initializer(zero_u8)
             biased += _lower(graph, node, zero_u8, quantized)
             lowered += 1
+        merged = 0
         if lowered:
             model.opset_imports.setdefault(MS, 1)
+            merged = merge_siblings(graph)
             import onnx_ir.passes.common as common
 
             common.RemoveUnusedNodesPass()(model)
         return PassResult(self.name, lowered > 0, f"{lowered} int8 Q/DQ MatMuls -> MatMulIntegerToFloat "
-                          f"({biased} with the bias folded in, {len(quantized)} activation quantizations)",
-                          {"lowered": lowered, "bias_folded": biased, "activation_quantizations": len(quantized)},
-                          problems)
+                          f"({biased} with the bias folded in, {len(quantized)} activation quantizations, "
+                          f"{merged} merged into a sibling's GEMM)",
+                          {"lowered": lowered, "bias_folded": biased, "activation_quantizations": len(quantized),
+                           "merged": merged}, problems)
