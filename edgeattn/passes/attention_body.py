@@ -18,6 +18,7 @@ import onnx_ir.passes.common as common
 from edgeattn.attention import DOMAIN, OP_TYPE
 from edgeattn.attention.onnx_function import BODIES, DENSE_MAX_SEQ, function_proto
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.rewiring import replace_value
 
 
 def choose(backend: str, seq_max: int, asked: str = "auto") -> tuple[str, str]:
@@ -65,15 +66,6 @@ def _const(graph: ir.Graph, name: str, value) -> ir.Value:
     v.shape, v.dtype = ir.Shape(np.asarray(value).shape), v.const_value.dtype
     graph.register_initializer(v)
     return v
-
-
-def _replace(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
-    """Every use of `old` (a graph output too, keeping its name) reads `new`."""
-    name, is_output = old.name, old in graph.outputs
-    ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
-    if is_output:
-        old.name = f"{name}_replaced"
-        new.name = name
 
 
 def _why_not_lowered(node: ir.Node) -> str | None:
@@ -160,7 +152,7 @@ def lower_dense(model: ir.Model) -> tuple[int, dict[str, str]]:
         out = op("Mul", out, any_ok)  # rows with no key at all: zeros
         graph.insert_before(node, new)
         out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
-        _replace(graph, node.outputs[0], out)
+        replace_value(graph, node.outputs[0], out)
         graph.remove(node, safe=True)
         lowered += 1
     return lowered, kept

@@ -14,6 +14,7 @@ import math
 import onnx_ir as ir
 
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.rewiring import replace_value
 
 MS = "com.microsoft"
 
@@ -84,11 +85,7 @@ class FuseGeluForCpu:
             gelu = ir.node("Gelu", [x], domain=MS, name=f"{last.name or 'gelu'}/gelu")
             gelu.outputs[0].dtype, gelu.outputs[0].shape = last.outputs[0].dtype, last.outputs[0].shape
             graph.insert_before(last, [gelu])
-            old, name = last.outputs[0], last.outputs[0].name
-            is_output = old in graph.outputs
-            ir.convenience.replace_all_uses_with(old, gelu.outputs[0], replace_graph_outputs=True)
-            if is_output:
-                old.name, gelu.outputs[0].name = f"{name}_replaced", name
+            replace_value(graph, last.outputs[0], gelu.outputs[0])
             fused += 1
         if fused:
             model.opset_imports.setdefault(MS, 1)

@@ -17,6 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.rewiring import replace_value
 
 MS = "com.microsoft"
 FLOAT = "weight input is not DequantizeLinear"  # a float MatMul (attention scores): nothing to lower
@@ -90,12 +91,7 @@ def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value, quantized: dict)
     replaced = bias[0] if bias is not None else matmul  # the value downstream nodes read
     fused.outputs[0].shape = replaced.outputs[0].shape
     graph.insert_before(matmul, [*new_nodes, fused])
-    old, name = replaced.outputs[0], replaced.outputs[0].name
-    is_output = old in graph.outputs
-    ir.convenience.replace_all_uses_with(old, fused.outputs[0], replace_graph_outputs=True)
-    if is_output:  # the graph output keeps its name
-        old.name = f"{name}_replaced"
-        fused.outputs[0].name = name
+    replace_value(graph, replaced.outputs[0], fused.outputs[0])
     if bias is not None:
         graph.remove(bias[0], safe=True)
     graph.remove(matmul, safe=True)
@@ -140,12 +136,8 @@ def merge_siblings(graph: ir.Graph) -> int:
                         name=f"{base}/split")
         graph.insert_before(first, [wide, split])
         for n, out in zip(nodes, split.outputs):
-            old, name = n.outputs[0], n.outputs[0].name
-            out.dtype, out.shape = old.dtype, old.shape
-            is_output = old in graph.outputs
-            ir.convenience.replace_all_uses_with(old, out, replace_graph_outputs=True)
-            if is_output:
-                old.name, out.name = f"{name}_replaced", name
+            out.dtype, out.shape = n.outputs[0].dtype, n.outputs[0].shape
+            replace_value(graph, n.outputs[0], out)
             graph.remove(n, safe=True)
         merged += len(nodes) - 1
     return merged
