@@ -45,3 +45,11 @@ def test_smoothing_keeps_two_four_zeros():
 def test_bad_config(kwargs):
     with pytest.raises(ConfigError):
         SmoothConfig(**kwargs)
+
+
+def test_quantize_job_checks_the_alpha(tmp_path):
+    from edgeattn.quantize import W8A8Config
+    from edgeattn.quantize.pipeline import QuantizeJob
+
+    with pytest.raises(ConfigError, match="smooth_alpha"):
+        QuantizeJob("minilm", W8A8Config(), tmp_path / "m.onnx", smooth_alpha=1.5)
