@@ -18,7 +18,7 @@ import onnx_ir.passes.common as common
 from edgeattn.attention import DOMAIN, OP_TYPE
 from edgeattn.attention.onnx_function import BODIES, DENSE_MAX_SEQ, function_proto
 from edgeattn.passes import PassContext, PassResult
-from edgeattn.passes.rewiring import replace_value
+from edgeattn.passes.rewiring import constant, replace_value
 
 
 def choose(backend: str, seq_max: int, asked: str = "auto") -> tuple[str, str]:
@@ -56,16 +56,6 @@ class AttentionBody:
                     common.RemoveUnusedFunctionsPass()(model)
                     model.opset_imports.pop(DOMAIN, None)
         return PassResult(self.name, body != "blocked", f"{body} attention body ({why})", details)
-
-
-def _const(graph: ir.Graph, name: str, value) -> ir.Value:
-    """A named constant initializer (created once per graph)."""
-    if name in graph.initializers:
-        return graph.initializers[name]
-    v = ir.Value(name=name, const_value=ir.tensor(np.asarray(value), name=name))
-    v.shape, v.dtype = ir.Shape(np.asarray(value).shape), v.const_value.dtype
-    graph.register_initializer(v)
-    return v
 
 
 def _why_not_lowered(node: ir.Node) -> str | None:
@@ -106,7 +96,7 @@ def lower_dense(model: ir.Model) -> tuple[int, dict[str, str]]:
             new.append(n)
             return n.outputs[0]
 
-        c = lambda name, value: _const(graph, f"edgeattn_dense_{name}", value)  # noqa: E731
+        c = lambda name, value: constant(graph, f"edgeattn_dense_{name}", value)  # noqa: E731
         key = (id(window), id(pad) if pad is not None else id(k), causal, sinks)
         if key not in shared:
             src = pad if pad is not None else k

@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edgeattn.passes import PassContext, PassResult
-from edgeattn.passes.rewiring import replace_value
+from edgeattn.passes.rewiring import constant, replace_value
 
 MS = "com.microsoft"
 FLOAT = "weight input is not DequantizeLinear"  # a float MatMul (attention scores): nothing to lower
@@ -98,13 +98,6 @@ def _lower(graph: ir.Graph, matmul: ir.Node, zero_u8: ir.Value, quantized: dict)
     return bias is not None
 
 
-def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    v = ir.Value(name=name, const_value=ir.tensor(array, name=name))
-    v.shape, v.dtype = ir.Shape(array.shape), v.const_value.dtype
-    graph.register_initializer(v)
-    return v
-
-
 def merge_siblings(graph: ir.Graph) -> int:
     """MatMulIntegerToFloat nodes reading one quantized activation (shared q/k/v quantizer) with constant
     weights, scales and biases become one wider GEMM and a Split: fewer, larger GEMMs. Returns nodes merged away."""
@@ -124,10 +117,10 @@ def merge_siblings(graph: ir.Graph) -> int:
         sizes = [w.shape[1] for w, _, _ in consts]
         widths = [np.broadcast_to(s.reshape(-1), (w.shape[1],)) for w, s, _ in consts]
         base = nodes[0].name or "merged"
-        weight = _initializer(graph, f"{base}/merged_weight", np.concatenate([w for w, _, _ in consts], axis=1))
-        scale = _initializer(graph, f"{base}/merged_weight_scale", np.concatenate(widths).astype(np.float32))
-        bias = _initializer(graph, f"{base}/merged_bias", np.concatenate([b for _, _, b in consts]).astype(np.float32))
-        split_sizes = _initializer(graph, f"{base}/merged_split", np.array(sizes, np.int64))
+        weight = constant(graph, f"{base}/merged_weight", np.concatenate([w for w, _, _ in consts], axis=1))
+        scale = constant(graph, f"{base}/merged_weight_scale", np.concatenate(widths).astype(np.float32))
+        bias = constant(graph, f"{base}/merged_bias", np.concatenate([b for _, _, b in consts]).astype(np.float32))
+        split_sizes = constant(graph, f"{base}/merged_split", np.array(sizes, np.int64))
         first = nodes[0]
         wide = ir.node("MatMulIntegerToFloat", [first.inputs[0], weight, first.inputs[2], scale, first.inputs[4], None, bias],
                        domain=MS, name=f"{base}/merged")
