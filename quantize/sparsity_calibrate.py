@@ -22,7 +22,9 @@ BLOCK = 128  # columns updated eagerly; the rest get one matrix product per bloc
 def collect_grams(model, linears: dict, batches: Iterable[dict]) -> dict:
     """name -> G = X^T X (float64, [K, K]) of each Linear's input over the calibration batches."""
     torch = require("torch", "calibrated 2:4 masks")
-    grams = {name: torch.zeros(m.in_features, m.in_features, dtype=torch.float64) for name, m in linears.items()}
+    grams = {name: torch.zeros(m.in_features, m.in_features, dtype=torch.float64, device=m.weight.device)
+             for name, m in linears.items()}  # on each layer's device (a CUDA model prunes on the GPU)
+    device = next(model.parameters()).device
 
     def hook(name):
         def fn(module, args):
@@ -34,7 +36,7 @@ def collect_grams(model, linears: dict, batches: Iterable[dict]) -> dict:
     try:
         with torch.no_grad():
             for batch in batches:
-                model(**batch)
+                model(**{k: v.to(device) for k, v in batch.items()})
     finally:
         for h in handles:
             h.remove()
@@ -48,7 +50,7 @@ def _inverse_factor(gram):
     mean_diag = float(gram.diagonal().mean())
     if not bool(torch.isfinite(gram).all()) or mean_diag <= 0:
         return None
-    h = gram + DAMP * mean_diag * torch.eye(k, dtype=gram.dtype)
+    h = gram + DAMP * mean_diag * torch.eye(k, dtype=gram.dtype, device=gram.device)
     dead = gram.diagonal() == 0  # channels that never fire: any value is as good
     h[dead, dead] = 1.0
     chol, info = torch.linalg.cholesky_ex(h)
@@ -67,8 +69,8 @@ def prune_two_four(weight, gram):
 
         mask = two_four_mask(weight)
         return weight * mask, mask
-    w = weight.detach().float().clone()  # w: [N, K], updated in place as columns are visited
-    pruned = torch.zeros(n, k, dtype=torch.bool)
+    w = weight.detach().float().clone().to(u.device)  # w: [N, K], updated in place as columns are visited
+    pruned = torch.zeros(n, k, dtype=torch.bool, device=w.device)
     for b0 in range(0, k, BLOCK):
         b1 = min(b0 + BLOCK, k)
         wb, ub = w[:, b0:b1].clone(), u[b0:b1, b0:b1]  # [N, B], [B, B]
@@ -87,4 +89,4 @@ def prune_two_four(weight, gram):
         w[:, b0:b1] = wb
         w[:, b1:] -= errs @ u[b0:b1, b1:]
     mask = ~pruned
-    return (w * mask).to(weight.dtype), mask
+    return (w * mask).to(weight.device, weight.dtype), mask.to(weight.device)

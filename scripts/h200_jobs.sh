@@ -7,6 +7,10 @@
 #   part DIR (carry DIR)              stash one piece of the SmolLM2 GGUF file
 #   smol                              join the GGUF pieces, start the SmolLM2 QAT jobs on GPU 0
 #   kernels                           the Hopper kernel sweep and table on GPU 1 (foreground)
+#   bench                             the shipped kernels' table on GPU 1 (detached, no sweep)
+#   generated                         (after smol with SMOL_CASES=none) GPU 0: SmolLM2 writes GEN_DOCS documents
+#                                     of distillation text, then SmolLM2 2:4 + fine-tune on it; GPU 1: MiniLM
+#                                     2:4 on it once the text and the bench are done (carry .gpu_payload first)
 #   collect [SECONDS]                 wait up to SECONDS for the detached jobs, pack /tmp/res into $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 EDGEATTN_CACHE=/tmp/cache EDGEATTN_BENCH_DIR=/tmp/qb
@@ -52,13 +56,28 @@ case ${1:-} in
     CUDA_VISIBLE_DEVICES=1 python3 benchmarks/attention_h200.py --sweep-hopper --out /tmp/res/attn.json >/tmp/res/attn.log 2>&1
     tail -60 /tmp/res/attn.log
     ;;
+  bench)
+    start attn 1 python3 benchmarks/attention_h200.py --out /tmp/res/attn.json
+    ;;
+  generated)
+    sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 --text-file /tmp/pay/gen.txt"
+    start smol_sparse 0 bash -c "{ python3 benchmarks/generate_text.py --device cuda --docs ${GEN_DOCS:-12288} \
+      --batch 512 --out /tmp/pay/gen.txt && cp /tmp/pay/gen.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }
+      $sparse smollm2 --batch 32 --seq-len 256 --lr ${SMOL_LR:-1e-4} --calib-batches 64 \
+      --time-budget-s ${SMOL_BUDGET:-480} --json /tmp/res/sparse_smollm2.json"
+    # [a]: a pattern that does not match this waiting shell's own command line
+    start minilm_gen 1 bash -c "until [ -f /tmp/pay/gen.txt ] && [ -f /tmp/pay/gp/minilm/config.json ] \
+      && ! pgrep -f '[a]ttention_h200' >/dev/null; do [ -f /tmp/pay/gen.failed ] && exit 1; sleep 5; done
+      $sparse /tmp/pay/gp/minilm --batch 128 --seq-len 128 --lr 4e-4 --calib-batches 16 --extra-text pydoc \
+      --time-budget-s ${MINILM_BUDGET:-480} --qat --qat-steps 600 --json /tmp/res/sparse_minilm_gen.json"
+    ;;
   collect)
     deadline=$((SECONDS + ${2:-0}))
-    while pgrep -f "sparse_quality.py|qat_bench.py" >/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
-    pgrep -af "sparse_quality.py|qat_bench.py" | head -5
+    while pgrep -f "sparse_quality.py|qat_bench.py|generate_text.py|attention_h200.py" >/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    pgrep -af "sparse_quality.py|qat_bench.py|generate_text.py|attention_h200.py" | head -5
     cp benchmarks/results/qat_*_h200.json /tmp/res/ 2>/dev/null
     for f in /tmp/res/*.log; do echo "== $f"; grep -v "Warn\|warn\|Loading weights\|it/s\]" "$f" | tail -25; done
     tar -czf "$OUT/res.tgz" -C /tmp res
     ;;
-  *) echo "usage: $0 setup|part|smol|kernels|collect [SECONDS]"; exit 2 ;;
+  *) echo "usage: $0 setup|sparse|part|smol|kernels|bench|generated|collect [SECONDS]"; exit 2 ;;
 esac
