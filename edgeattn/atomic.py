@@ -10,12 +10,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder, then rename."""
+    """Write `data` to `path` through a temporary file in the same folder, then rename.
+
+    The file gets the permissions a plain `open(path, "w")` would (0666 less the umask), not the
+    owner-only 0600 of a temporary file: bundles are read by services running as other users."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -42,6 +52,7 @@ def directory(final: Path) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
+        staging.chmod(0o777 & ~_umask())  # as mkdir would, not mkdtemp's owner-only 0700
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
