@@ -17,6 +17,7 @@ from edgeattn.errors import ConfigError, InputError
 from edgeattn.optional import require
 
 LOSSES = ("auto", "hidden", "logits")
+WARMUP_STEPS = 10  # steps before the time budget's per-step timing starts
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class FinetuneConfig:
     seq_len: int = 128
     seed: int = 0
     loss: str = "auto"  # auto: hidden for encoders, logits for decoders
-    time_budget_s: float | None = None  # stop early: after 20 steps, cap the steps to fit this budget
+    time_budget_s: float | None = None  # stop early: cap the steps to fit this budget, timed on steps 10-30
     bf16: bool = False  # autocast forward passes to bfloat16 (CUDA)
     train_embeddings: bool = False  # also train the (unpruned) embedding tables
     cosine_weight: float = 1.0  # encoders: weight of 1 - cosine of the pooled embedding next to the hidden MSE
@@ -120,9 +121,12 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
     losses, started = [], time.time()
     step = 0
     while step < total[0]:
-        if config.time_budget_s is not None and step == 20:
-            per_step = (time.time() - started) / 20
-            total[0] = min(total[0], max(21, int(config.time_budget_s / per_step)))
+        if step == WARMUP_STEPS:
+            warm = time.time()
+        if config.time_budget_s is not None and step == WARMUP_STEPS + 20:
+            # time steady steps only: the first ones (allocator, autotuning, caches) are slower
+            per_step, spent = (time.time() - warm) / 20, time.time() - started
+            total[0] = min(total[0], max(step + 1, step + int((config.time_budget_s - spent) / per_step)))
             progress(f"{per_step * 1e3:.0f} ms/step: {total[0]} steps fit the {config.time_budget_s:.0f} s budget")
         batch = {k: v.to(device) for k, v in next(batches).items()}  # to wherever the student lives
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):

@@ -39,6 +39,11 @@ case ${1:-} in
     start "sparse_$name" "$gpu" python3 benchmarks/sparse_quality.py /tmp/pay/gp/minilm --device cuda --steps 200000 \
       --batch 128 --seq-len 128 --lr 4e-4 --bf16 --calib-batches 16 --json "/tmp/res/sparse_$name.json" "$@"
     ;;
+  smolsparse)  # smolsparse NAME GPU [sparse_quality.py options]: one 2:4 SmolLM2 run (after smol)
+    name=$2 gpu=$3; shift 3
+    start "smol_$name" "$gpu" python3 benchmarks/sparse_quality.py smollm2 --device cuda --steps 200000 --bf16 \
+      --batch 32 --seq-len 256 --calib-batches 64 --json "/tmp/res/sparse_smollm2_$name.json" "$@"
+    ;;
   part)
     cp "${2:?folder}"/* /tmp/pay/ && ls -la /tmp/pay
     ;;

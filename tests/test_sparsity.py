@@ -222,3 +222,30 @@ def test_config_validation():
         from edgeattn.quantize.sparsity import sparsify_
 
         sparsify_(_model(), SparsityConfig(method="calibrated"))
+
+
+def test_time_budget_caps_the_steps_from_steady_step_times(monkeypatch):
+    """A clock that ticks once per batch, the first 10 batches 5x slower: the budget is sized from steps 10-30."""
+    import types
+
+    from edgeattn.quantize import sparsity_finetune as ft
+    from edgeattn.quantize.sparsity import sparsify_
+    from tests.quant_models import tiny_llama, token_batch
+
+    clock = [0.0]
+    monkeypatch.setattr(ft, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    def batches():
+        n = 0
+        while True:
+            clock[0] += 5.0 if n < 10 else 1.0
+            n += 1
+            yield token_batch(2, 8, seed=n)
+
+    teacher = tiny_llama()
+    student = tiny_llama()
+    sparsify_(student)
+    config = ft.FinetuneConfig(steps=1000, time_budget_s=100.0)
+    out = ft.distill_(student, teacher, batches(), "decoder", config)
+    # 10 warm-up batches (50 s) + 20 timed (20 s) = 70 s spent, 1 s a step: 30 more steps fit
+    assert out["steps_run"] == 60
