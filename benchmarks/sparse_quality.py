@@ -117,7 +117,7 @@ def main() -> None:
                         help="add English sentences from Python's bundled documentation (pydoc_data), or also "
                              "the standard library's docstrings (stdlib), to the fine-tuning text")
     parser.add_argument("--text-file", type=Path, action="append", default=[],
-                        help="more fine-tuning text, one document a line (e.g. from benchmarks/generate_text.py)")
+                        help="more fine-tuning text, one document a line (e.g. from `edgeattn distill-text`)")
     parser.add_argument("--train-embeddings", action="store_true", help="also train the embedding tables")
     parser.add_argument("--cosine-weight", type=float, default=1.0, help="weight of the pooled-cosine loss term")
     parser.add_argument("--json", type=Path)

@@ -11,8 +11,10 @@ loss is measured on.
 from __future__ import annotations
 
 import random
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from edgeattn.errors import ConfigError
 from edgeattn.optional import require
@@ -40,22 +42,34 @@ TOPICS = (
 )
 
 
+@dataclass(frozen=True)
+class GenerateConfig:
+    docs: int = 1024
+    max_new_tokens: int = 192
+    batch: int = 64
+    temperature: float = 0.9
+    top_p: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.docs < 1 or self.batch < 1 or self.max_new_tokens < 1:
+            raise ConfigError(f"docs/batch/max_new_tokens: expected >= 1, found "
+                              f"{self.docs}/{self.batch}/{self.max_new_tokens}")
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(f"temperature/top_p: expected > 0 and (0, 1], found {self.temperature}/{self.top_p}")
+
+
 def prompts(n: int, seed: int = 0) -> list[str]:
     """n requests, genre x topic, drawn with replacement in a seeded order."""
     rng = random.Random(seed)
     return [f"Write {rng.choice(GENRES)} about {rng.choice(TOPICS)}." for _ in range(n)]
 
 
-def generate_documents(model, tokenizer, n_docs: int, *, max_new_tokens: int = 192, batch: int = 64,
-                       temperature: float = 0.9, top_p: float = 0.95, seed: int = 0,
+def generate_documents(model, tokenizer, config: GenerateConfig = GenerateConfig(),
                        progress: Callable[[str], None] = lambda msg: None) -> list[str]:
-    """n_docs sampled texts, one string each (newlines folded to spaces, empty answers dropped)."""
+    """config.docs sampled texts, one string each (newlines folded to spaces, empty answers dropped)."""
     torch = require("torch", "generating distillation text")
-    if n_docs < 1 or batch < 1 or max_new_tokens < 1:
-        raise ConfigError(f"n_docs/batch/max_new_tokens: expected >= 1, found {n_docs}/{batch}/{max_new_tokens}")
-    if not temperature > 0 or not 0 < top_p <= 1:
-        raise ConfigError(f"temperature/top_p: expected > 0 and (0, 1], found {temperature}/{top_p}")
-    torch.manual_seed(seed)
+    torch.manual_seed(config.seed)
     device = next(model.parameters()).device
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"  # batched generation continues from the right edge
@@ -64,22 +78,22 @@ def generate_documents(model, tokenizer, n_docs: int, *, max_new_tokens: int = 1
     chat = getattr(tokenizer, "chat_template", None) is not None
     out: list[str] = []
     try:
-        requests = prompts(n_docs, seed)
-        for i in range(0, n_docs, batch):
-            texts = requests[i:i + batch]
+        requests = prompts(config.docs, config.seed)
+        for i in range(0, config.docs, config.batch):
+            texts = requests[i:i + config.batch]
             if chat:
                 texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                                        add_generation_prompt=True) for t in texts]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat).to(device)
             with torch.no_grad():
-                ids = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p,
-                                     max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+                ids = model.generate(**enc, do_sample=True, temperature=config.temperature, top_p=config.top_p,
+                                     max_new_tokens=config.max_new_tokens, pad_token_id=tokenizer.pad_token_id)
             new = ids[:, enc["input_ids"].shape[1]:]  # new: [B, <= max_new_tokens]
             for text in tokenizer.batch_decode(new, skip_special_tokens=True):
                 text = " ".join(text.split())
                 if text:
                     out.append(text)
-            progress(f"{min(i + batch, n_docs)}/{n_docs} documents")
+            progress(f"{min(i + config.batch, config.docs)}/{config.docs} documents")
     finally:
         tokenizer.padding_side = side
     return out
@@ -92,3 +106,22 @@ def write_documents(docs: list[str], path: str | Path) -> Path:
     path = Path(path)
     atomic.write_text(path, "\n".join(docs) + "\n")
     return path
+
+
+def write_distill_text(model_name: str | Path, out: str | Path, config: GenerateConfig = GenerateConfig(),
+                       device: str = "cpu", progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+    """Load a causal LM (bf16 on CUDA), sample `config.docs` documents into `out`; returns the manifest."""
+    from edgeattn import hf_models
+    from edgeattn.errors import ModelError
+
+    torch = require("torch", "generating distillation text")
+    model, tok, kind = hf_models.load(model_name, attn_implementation="sdpa")
+    if kind != "decoder":
+        raise ModelError(f"{model_name}: expected a causal language model to write text, found an encoder")
+    model = model.to(device, torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    started = time.time()
+    docs = generate_documents(model, tok, config, progress)
+    write_documents(docs, out)
+    return {"model": str(model_name), "out": str(out), "config": asdict(config), "device": str(device),
+            "documents": len(docs), "words": sum(len(d.split()) for d in docs),
+            "seconds": round(time.time() - started, 1)}

@@ -66,7 +66,7 @@ case ${1:-} in
     ;;
   generated)
     sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 --text-file /tmp/pay/gen.txt"
-    start smol_sparse 0 bash -c "{ python3 benchmarks/generate_text.py --device cuda --docs ${GEN_DOCS:-12288} \
+    start smol_sparse 0 bash -c "{ python3 -m edgeattn distill-text --device cuda --docs ${GEN_DOCS:-12288} \
       --batch 512 --out /tmp/pay/gen.txt && cp /tmp/pay/gen.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }
       $sparse smollm2 --batch 32 --seq-len 256 --lr ${SMOL_LR:-1e-4} --calib-batches 64 \
       --time-budget-s ${SMOL_BUDGET:-480} --json /tmp/res/sparse_smollm2.json"
@@ -78,8 +78,8 @@ case ${1:-} in
     ;;
   collect)
     deadline=$((SECONDS + ${2:-0}))
-    while pgrep -f "sparse_quality.py|qat_bench.py|generate_text.py|attention_h200.py" >/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
-    pgrep -af "sparse_quality.py|qat_bench.py|generate_text.py|attention_h200.py" | head -5
+    while pgrep -f "sparse_quality.py|qat_bench.py|distill-text|attention_h200.py" >/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    pgrep -af "sparse_quality.py|qat_bench.py|distill-text|attention_h200.py" | head -5
     cp benchmarks/results/qat_*_h200.json /tmp/res/ 2>/dev/null
     for f in /tmp/res/*.log; do echo "== $f"; grep -v "Warn\|warn\|Loading weights\|it/s\]" "$f" | tail -25; done
     tar -czf "$OUT/res.tgz" -C /tmp res

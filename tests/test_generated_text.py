@@ -6,7 +6,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from edgeattn.errors import ConfigError  # noqa: E402
-from edgeattn.quantize.generated_text import GENRES, TOPICS, generate_documents, prompts, write_documents  # noqa: E402
+from edgeattn.quantize.generated_text import (GENRES, TOPICS, GenerateConfig, generate_documents, prompts,
+                                              write_documents)  # noqa: E402
 from edgeattn.quantize.sparsity_finetune import read_texts  # noqa: E402
 from tests.quant_models import tiny_llama  # noqa: E402
 
@@ -31,14 +32,41 @@ def test_prompts_are_seeded_and_span_genres_and_topics():
 
 def test_generation_is_seeded_and_round_trips_through_the_text_file(tmp_path):
     model, tok = tiny_llama(), word_tokenizer()
-    docs = generate_documents(model, tok, 5, max_new_tokens=6, batch=2, seed=1)
+    config = GenerateConfig(docs=5, max_new_tokens=6, batch=2, seed=1)
+    docs = generate_documents(model, tok, config)
     assert len(docs) == 5 and all(0 < len(d.split()) <= 6 for d in docs)
-    assert docs == generate_documents(model, tok, 5, max_new_tokens=6, batch=2, seed=1)
-    assert docs != generate_documents(model, tok, 5, max_new_tokens=6, batch=2, seed=2)
+    assert docs == generate_documents(model, tok, config)
+    assert docs != generate_documents(model, tok, GenerateConfig(docs=5, max_new_tokens=6, batch=2, seed=2))
     assert tok.padding_side == "right"  # restored after the left-padded batches
     assert read_texts(write_documents(docs, tmp_path / "gen.txt")) == docs
 
 
-def test_bad_sampling_settings_are_refused():
+def test_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="temperature"):
-        generate_documents(tiny_llama(), word_tokenizer(), 2, temperature=0)
+        GenerateConfig(temperature=0)
+    with pytest.raises(ConfigError, match="expected >= 1, found 0/"):
+        GenerateConfig(docs=0)
+
+
+def test_cli_writes_the_text_and_its_manifest(tmp_path, monkeypatch):
+    """`edgeattn distill-text` on a tiny Llama folder (word tokenizer): file, manifest, encoder refused."""
+    import json
+
+    from click.testing import CliRunner
+
+    from edgeattn.cli.main import cli
+    from tests.quant_models import save_tiny_bert
+
+    folder = tmp_path / "llama"
+    tiny_llama().save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    out = tmp_path / "text.txt"
+    res = CliRunner().invoke(cli, ["distill-text", "--model", str(folder), "--out", str(out), "--docs", "3",
+                                   "--max-new-tokens", "5", "--batch", "2"])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "text.txt.json").read_text())
+    assert manifest["documents"] == 3 == len(read_texts(out)) and manifest["config"]["max_new_tokens"] == 5
+    res = CliRunner().invoke(cli, ["distill-text", "--model", str(save_tiny_bert(tmp_path / "bert")),
+                                   "--out", str(tmp_path / "x.txt")])
+    assert res.exit_code != 0 and "expected a causal language model" in res.output
+    assert not (tmp_path / "x.txt").exists()

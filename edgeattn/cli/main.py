@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check-sparsity": ("edgeattn.cli.check_sparsity_cmd", "check_sparsity",
                        "Check which constant MatMul/Gemm/Conv weights of an ONNX model are 2:4 sparse."),
     "quantize": ("edgeattn.cli.quantize_cmd", "quantize", "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX."),
+    "distill-text": ("edgeattn.cli.distill_text_cmd", "distill_text",
+                     "Write distillation text sampled from a language model (for sparsify / quantize --calib)."),
     "eval": ("edgeattn.cli.eval_cmd", "eval", "Fidelity of a quantized ONNX against the float model and against PTQ."),
 }
 
