@@ -8,9 +8,10 @@
 #   smol                              join the GGUF pieces, start the SmolLM2 QAT jobs on GPU 0
 #   kernels                           the Hopper kernel sweep and table on GPU 1 (foreground)
 #   bench                             the shipped kernels' table on GPU 1 (detached, no sweep)
-#   generated                         (after smol with SMOL_CASES=none) GPU 0: SmolLM2 writes GEN_DOCS documents
-#                                     of distillation text, then SmolLM2 2:4 + fine-tune on it; GPU 1: MiniLM
-#                                     2:4 on it once the text and the bench are done (carry .gpu_payload first)
+#   generated                         (after smol with SMOL_CASES=none) SmolLM2 writes GEN_DOCS documents of
+#                                     distillation text (half per GPU), then GPU 0: SmolLM2 2:4 + fine-tune on it,
+#                                     GPU 1: MiniLM 2:4 + fine-tune + QAT (carry .gpu_payload in the next call)
+# Keep calling (e.g. `sleep 280; tail ...`) while jobs run: a machine idle for 30 s is given back, jobs and all.
 #   collect [SECONDS]                 wait up to SECONDS for the detached jobs, pack /tmp/res into $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 EDGEATTN_CACHE=/tmp/cache EDGEATTN_BENCH_DIR=/tmp/qb
@@ -64,17 +65,23 @@ case ${1:-} in
   bench)
     start attn 1 python3 benchmarks/attention_h200.py --out /tmp/res/attn.json
     ;;
-  generated)
-    sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 --text-file /tmp/pay/gen.txt"
-    start smol_sparse 0 bash -c "{ python3 -m edgeattn distill-text --device cuda --docs ${GEN_DOCS:-12288} \
-      --batch 512 --out /tmp/pay/gen.txt && cp /tmp/pay/gen.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }
-      $sparse smollm2 --batch 32 --seq-len 256 --lr ${SMOL_LR:-1e-4} --calib-batches 64 \
-      --time-budget-s ${SMOL_BUDGET:-480} --json /tmp/res/sparse_smollm2.json"
-    # [a]: a pattern that does not match this waiting shell's own command line
-    start minilm_gen 1 bash -c "until [ -f /tmp/pay/gen.txt ] && [ -f /tmp/pay/gp/minilm/config.json ] \
-      && ! pgrep -f '[a]ttention_h200' >/dev/null; do [ -f /tmp/pay/gen.failed ] && exit 1; sleep 5; done
-      $sparse /tmp/pay/gp/minilm --batch 128 --seq-len 128 --lr 4e-4 --calib-batches 16 --extra-text pydoc \
-      --time-budget-s ${MINILM_BUDGET:-480} --qat --qat-steps 600 --json /tmp/res/sparse_minilm_gen.json"
+  generated)  # each GPU writes half of the text (seeds 0 and 1), then GPU 0 trains SmolLM2 and GPU 1 MiniLM on both halves
+    half=$(( ${GEN_DOCS:-12288} / 2 ))
+    texts="--text-file /tmp/pay/gen0.txt --text-file /tmp/pay/gen1.txt"
+    sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 $texts"
+    wait_for="until [ -f /tmp/pay/gen0.txt ] && [ -f /tmp/pay/gen1.txt ]; do ls /tmp/pay/gen.failed 2>/dev/null && exit 1; sleep 3; done"
+    for gpu in 0 1; do
+      gen="{ python3 -m edgeattn distill-text --device cuda --docs $half --batch 512 --seed $gpu --out /tmp/pay/gen$gpu.txt \
+        && cp /tmp/pay/gen$gpu.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }"
+      if [ $gpu = 0 ]; then
+        start smol_sparse 0 bash -c "$gen; $wait_for; $sparse smollm2 --batch 32 --seq-len 256 --lr ${SMOL_LR:-2e-4} \
+          --calib-batches 64 --time-budget-s ${SMOL_BUDGET:-400} --json /tmp/res/sparse_smollm2.json"
+      else
+        start minilm_gen 1 bash -c "$gen; $wait_for; until [ -f /tmp/pay/gp/minilm/config.json ]; do sleep 3; done
+          $sparse /tmp/pay/gp/minilm --batch 128 --seq-len 128 --lr 4e-4 --calib-batches 16 --extra-text pydoc \
+          --time-budget-s ${MINILM_BUDGET:-400} --qat --qat-steps 600 --json /tmp/res/sparse_minilm_gen.json"
+      fi
+    done
     ;;
   collect)
     deadline=$((SECONDS + ${2:-0}))
