@@ -10,7 +10,8 @@
 #   bench                             the shipped kernels' table on GPU 1 (detached, no sweep)
 #   generated                         (after smol with SMOL_CASES=none) SmolLM2 writes GEN_DOCS documents of
 #                                     distillation text (half per GPU), then GPU 0: SmolLM2 2:4 + fine-tune on it,
-#                                     GPU 1: MiniLM 2:4 + fine-tune + QAT (carry .gpu_payload in the next call)
+#                                     GPU 1: MiniLM 2:4 + fine-tune + QAT (carry .gpu_payload in the next call);
+#                                     texts already in /tmp/pay (`part .pay_t`: gen0.txt, gen1.txt) are reused
 # Keep calling (e.g. `sleep 280; tail ...`) while jobs run: a machine idle for 30 s is given back, jobs and all.
 #   collect [SECONDS]                 wait up to SECONDS for the detached jobs, pack /tmp/res into $OUT
 set -uo pipefail
@@ -71,7 +72,7 @@ case ${1:-} in
     sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 $texts"
     wait_for="until [ -f /tmp/pay/gen0.txt ] && [ -f /tmp/pay/gen1.txt ]; do ls /tmp/pay/gen.failed 2>/dev/null && exit 1; sleep 3; done"
     for gpu in 0 1; do
-      gen="{ python3 -m edgeattn distill-text --device cuda --docs $half --batch 512 --seed $gpu --out /tmp/pay/gen$gpu.txt \
+      gen="[ -f /tmp/pay/gen$gpu.txt ] || { python3 -m edgeattn distill-text --device cuda --docs $half --batch 512 --seed $gpu --out /tmp/pay/gen$gpu.txt \
         && cp /tmp/pay/gen$gpu.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }"
       if [ $gpu = 0 ]; then
         start smol_sparse 0 bash -c "$gen; $wait_for; $sparse smollm2 --batch 32 --seq-len 256 --lr ${SMOL_LR:-2e-4} \
