@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--permute", action="store_true")
-    parser.add_argument("--method", choices=["magnitude", "calibrated"], default="calibrated")
+    parser.add_argument("--method", choices=["magnitude", "calibrated", "sequential"], default="calibrated")
     parser.add_argument("--calib-batches", type=int, default=16)
     parser.add_argument("--qat", action="store_true", help="then W8A8 QAT (edgeattn.quantize, issue 4), masks kept")
     parser.add_argument("--qat-steps", type=int, default=150)

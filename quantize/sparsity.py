@@ -21,7 +21,7 @@ from edgeattn.errors import ConfigError
 from edgeattn.optional import require
 
 POLICIES = ("all", "speed")
-METHODS = ("magnitude", "calibrated")
+METHODS = ("magnitude", "calibrated", "sequential")
 GEMM_DTYPES = ("fp16", "int8")
 SCHEMA_VERSION = 1
 
@@ -32,7 +32,8 @@ class SparsityConfig:
     (or, without a measurement, the size rule) says the target's sparse GEMM beats the dense one."""
 
     policy: str = "all"
-    method: str = "magnitude"  # magnitude: top-2 |w|; calibrated: OBS saliency with error compensation
+    method: str = "magnitude"  # magnitude: top-2 |w|; calibrated: OBS saliency with error compensation;
+    # sequential: calibrated, block by block, each layer on the inputs of the already-pruned model
     tokens: int = 2048  # M = batch * sequence used to look the speed table up
     gemm_dtype: str = "int8"  # precision the target runs the GEMMs in (int8 after W8A8 QAT)
     min_speedup: float = 1.05  # prune only when sparse is at least this much faster
@@ -188,14 +189,14 @@ def _eligibility(name: str, linear, tied: set[int], config: SparsityConfig) -> s
 def sparsify_(model, config: SparsityConfig = SparsityConfig(), *, calibration=None) -> SparsityReport:
     """Prune the model's Linear layers to 2:4 along K, in place; returns what was done per layer.
 
-    `calibration` (an iterable of model input dicts) is needed by method "calibrated".
+    `calibration` (an iterable of model input dicts) is needed by methods "calibrated" and "sequential".
     """
     torch = require("torch", "2:4 sparsity")
     from edgeattn.quantize.sparsity_permute import apply_pair_permutations, search_permutation
     from edgeattn.quantize.sparsity_speed import load_table
 
-    if config.method == "calibrated" and calibration is None:
-        raise ConfigError("method 'calibrated' needs calibration batches (e.g. --calib TEXTFILE)")
+    if config.method in ("calibrated", "sequential") and calibration is None:
+        raise ConfigError(f"method {config.method!r} needs calibration batches (e.g. --calib TEXTFILE)")
     table = load_table(config.speed_table) if config.policy == "speed" else None
     chosen = {}
     report = SparsityReport(config.as_dict())
@@ -228,6 +229,11 @@ def sparsify_(model, config: SparsityConfig = SparsityConfig(), *, calibration=N
                     continue
             chosen[name] = module
             d.pruned = True
+        if config.method == "sequential" and chosen:
+            from edgeattn.quantize.sparsity_sequential import prune_sequential_
+
+            prune_sequential_(model, chosen, calibration)
+            return report
         grams = {}
         if config.method == "calibrated" and chosen:
             from edgeattn.quantize.sparsity_calibrate import collect_grams

@@ -11,7 +11,7 @@ model in one pass (not layer by layer from the pruned one): simpler, and fine-tu
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from edgeattn.optional import require
 
@@ -19,8 +19,10 @@ DAMP = 0.01  # ridge term, as a share of mean(diag G)
 BLOCK = 128  # columns updated eagerly; the rest get one matrix product per block
 
 
-def collect_grams(model, linears: dict, batches: Iterable[dict]) -> dict:
-    """name -> G = X^T X (float64, [K, K]) of each Linear's input over the calibration batches."""
+def collect_grams(model, linears: dict, batches: Iterable[dict], runner: Callable | None = None) -> dict:
+    """name -> G = X^T X (float64, [K, K]) of each Linear's input over the calibration batches.
+
+    `runner(model, batch)` runs one batch (default: `model(**batch)` on the model's device)."""
     torch = require("torch", "calibrated 2:4 masks")
     grams = {name: torch.zeros(m.in_features, m.in_features, dtype=torch.float64, device=m.weight.device)
              for name, m in linears.items()}  # on each layer's device (a CUDA model prunes on the GPU)
@@ -36,7 +38,10 @@ def collect_grams(model, linears: dict, batches: Iterable[dict]) -> dict:
     try:
         with torch.no_grad():
             for batch in batches:
-                model(**{k: v.to(device) for k, v in batch.items()})
+                if runner is not None:
+                    runner(model, batch)
+                else:
+                    model(**{k: v.to(device) for k, v in batch.items()})
     finally:
         for h in handles:
             h.remove()

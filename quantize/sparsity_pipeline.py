@@ -82,9 +82,10 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     model, tok, kind = hf_models.load(model_name)
     teacher = copy.deepcopy(model) if job.finetune.steps or job.qat else None
     calibration = None
-    if job.sparsity.method == "calibrated" or job.finetune.steps or job.qat:
+    calibrated = job.sparsity.method in ("calibrated", "sequential")
+    if calibrated or job.finetune.steps or job.qat:
         texts = read_texts(job.calib)
-    if job.sparsity.method == "calibrated":
+    if calibrated:
         batches = text_batches(tok, texts, kind, FinetuneConfig(batch=8, seq_len=job.finetune.seq_len, seed=1))
         calibration = [next(batches) for _ in range(job.calib_batches)]
     progress(f"pruning ({job.sparsity.policy}, {job.sparsity.method})")

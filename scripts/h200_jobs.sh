@@ -69,7 +69,7 @@ case ${1:-} in
   generated)  # each GPU writes half of the text (seeds 0 and 1), then GPU 0 trains SmolLM2 and GPU 1 MiniLM on both halves
     half=$(( ${GEN_DOCS:-12288} / 2 ))
     texts="--text-file /tmp/pay/gen0.txt --text-file /tmp/pay/gen1.txt"
-    sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 $texts"
+    sparse="python3 benchmarks/sparse_quality.py --device cuda --steps 200000 --bf16 --method ${METHOD:-sequential} $texts"
     wait_for="until [ -f /tmp/pay/gen0.txt ] && [ -f /tmp/pay/gen1.txt ]; do ls /tmp/pay/gen.failed 2>/dev/null && exit 1; sleep 3; done"
     for gpu in 0 1; do
       gen="[ -f /tmp/pay/gen$gpu.txt ] || { python3 -m edgeattn distill-text --device cuda --docs $half --batch 512 --seed $gpu --out /tmp/pay/gen$gpu.txt \

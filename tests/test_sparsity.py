@@ -249,3 +249,56 @@ def test_time_budget_caps_the_steps_from_steady_step_times(monkeypatch):
     out = ft.distill_(student, teacher, batches(), "decoder", config)
     # 10 warm-up batches (50 s) + 20 timed (20 s) = 70 s spent, 1 s a step: 30 more steps fit
     assert out["steps_run"] == 60
+
+
+def _calib(n=3, seq=10, vocab=1000):
+    from tests.quant_models import token_batch
+
+    return [token_batch(4, seq, seed=s, vocab=vocab) for s in range(n)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_sequential_pruning_walks_blocks_and_stages(arch):
+    """Stages follow the shared inputs (q/k/v, then o, gate/up, down); block 0 sees the dense inputs, so its
+    first stage matches one-shot calibration exactly, and later blocks differ (pruned inputs)."""
+    import copy
+
+    import torch
+
+    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity_sequential import _capture_block_inputs, _stages, find_blocks
+    from tests.quant_models import tiny_bert, tiny_llama
+
+    dense = tiny_llama() if arch == "llama" else tiny_bert()
+    calib = _calib(vocab=dense.config.vocab_size)
+    linears = {n: m for n, m in dense.named_modules() if isinstance(m, torch.nn.Linear)}  # lm_head: after the blocks
+    blocks = find_blocks(dense, linears)
+    assert len(blocks) == dense.config.num_hidden_layers
+    block0 = {n: m for n, m in linears.items() if any(m is x for x in blocks[0].modules())}
+    stages = [[n.split(".")[-1] if arch == "llama" else ".".join(n.split(".")[-2:]) for n in s]
+              for s in _stages(blocks[0], block0, _capture_block_inputs(dense, blocks[0], calib))]
+    expected = ([["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+                if arch == "llama" else
+                [["self.query", "self.key", "self.value"], ["output.dense"], ["intermediate.dense"], ["output.dense"]])
+    assert stages == expected
+    one, seq = copy.deepcopy(dense), copy.deepcopy(dense)
+    sparsify_(one, SparsityConfig(method="calibrated"), calibration=calib)
+    sparsify_(seq, SparsityConfig(method="sequential"), calibration=calib)
+    m_one, m_seq = masked_layers(one), masked_layers(seq)
+    assert set(m_one) == set(m_seq) and len(m_seq) == len(linears)
+    assert all(is_two_four(m.weight) for m in m_seq.values())
+    first = next(n for n in m_seq if n in block0)  # q_proj / query of block 0: same inputs, same result
+    torch.testing.assert_close(m_seq[first].weight, m_one[first].weight, rtol=0, atol=1e-6)
+    last = [n for n in m_seq if n not in block0][-1]
+    assert not torch.allclose(m_seq[last].weight, m_one[last].weight)
+
+
+def test_sequential_pruning_needs_blocks():
+    import torch
+
+    from edgeattn.errors import ModelError
+    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(ModelError, match="ModuleList of transformer blocks"):
+        sparsify_(model, SparsityConfig(method="sequential"), calibration=[{"input": torch.ones(2, 8)}])

@@ -16,8 +16,10 @@ import click
               help="Text file, one document a line (default: gensim's lee_background news corpus).")
 @click.option("--policy", type=click.Choice(["all", "speed"]), default="all", show_default=True,
               help="all: every eligible Linear; speed: only shapes where the speed table says 2:4 gains.")
-@click.option("--method", type=click.Choice(["magnitude", "calibrated"]), default="calibrated", show_default=True,
-              help="calibrated: OBS saliency with error compensation (SparseGPT recipe) from --calib text.")
+@click.option("--method", type=click.Choice(["magnitude", "calibrated", "sequential"]), default="calibrated",
+              show_default=True,
+              help="calibrated: OBS saliency with error compensation (SparseGPT recipe) from --calib text; "
+                   "sequential: the same block by block, on the inputs of the already-pruned layers.")
 @click.option("--tokens", default=2048, show_default=True, help="Tokens per GEMM (batch x sequence) for --policy speed.")
 @click.option("--gemm-dtype", type=click.Choice(["int8", "fp16"]), default="int8", show_default=True)
 @click.option("--speed-table", type=click.Path(exists=True, dir_okay=False),
