@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgeattn.errors import ConfigError
+from edgeattn.optional import require
 from edgeattn.quantize.sparsity import SparsityConfig
 from edgeattn.quantize.sparsity_finetune import FinetuneConfig
 
@@ -30,8 +31,12 @@ class SparsifyJob:
     export: dict[str, Any] = field(default_factory=dict)  # ExportConfig fields
     qat: str | None = None  # then QAT with edgeattn.quantize (w8a8, w4, fp8), masks kept; Q/DQ export
     qat_steps: int = 0
+    device: str = "cpu"  # where pruning and fine-tuning run (cpu, cuda, cuda:N); export runs on the CPU
 
     def __post_init__(self) -> None:
+        if not (self.device == "cpu" or self.device == "cuda" or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise ConfigError(f"device: expected cpu, cuda or cuda:N, found {self.device!r}")
         if self.calib_batches < 1:
             raise ConfigError(f"calib_batches: expected >= 1, found {self.calib_batches}")
         if self.qat_steps < 0:
@@ -88,7 +93,15 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     if calibrated:
         batches = text_batches(tok, texts, kind, FinetuneConfig(batch=8, seq_len=job.finetune.seq_len, seed=1))
         calibration = [next(batches) for _ in range(job.calib_batches)]
-    progress(f"pruning ({job.sparsity.policy}, {job.sparsity.method})")
+    if job.device != "cpu":
+        torch = require("torch", "sparsify on a GPU")
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {job.device}: expected a CUDA device, found none (torch.cuda.is_available() "
+                              "is False)")
+        for m in (model, teacher):
+            if m is not None:
+                m.to(job.device)
+    progress(f"pruning ({job.sparsity.policy}, {job.sparsity.method}) on {job.device}")
     report = sparsify_(model, job.sparsity, calibration=calibration)
     section: dict[str, Any] = {"model": str(model_name), "kind": kind, "sparsity": report.as_dict(),
                                "basis": sorted({d.basis for d in report.layers if d.pruned or d.basis != "not eligible"}),
@@ -97,6 +110,9 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         progress(f"fine-tuning {job.finetune.steps} steps with the masks on")
         section["finetune"] = distill_(model, teacher, text_batches(tok, texts, kind, job.finetune), kind,
                                        job.finetune, progress)
+    model.cpu()  # export, saving and QAT calibration run on the CPU (QAT's distillation picks CUDA itself)
+    if teacher is not None:
+        teacher.cpu()
     if job.save_hf:
         from edgeattn.quantize.sparsity import strip_masks
 
@@ -116,6 +132,6 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     else:
         export_masked(model, kind, out, report.pruned, job.export, decisions_of(report))
     section["onnx"] = str(out)
-    section["job"] = {"finetune": asdict(job.finetune), "calib_batches": job.calib_batches}
+    section["job"] = {"finetune": asdict(job.finetune), "calib_batches": job.calib_batches, "device": job.device}
     atomic.write_text(out.with_name(out.name + SIDECAR_SUFFIX), json.dumps(section, indent=1))
     return section

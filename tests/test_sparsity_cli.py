@@ -67,3 +67,28 @@ def test_sparsify_then_w8a8_qat_keeps_the_zeros_behind_dequantize(tiny_bert_dir,
     data = json.loads(result.output)
     behind_dq = [e for e in data["layers"] if e["sparse"] and "DequantizeLinear" in e["reason"]]
     assert {e["layer"] for e in behind_dq} == set(section["sparsity"]["pruned"]) - {"pooler.dense"}
+
+
+def test_sparsify_sequential_and_device_checks(tiny_bert_dir, tmp_path, runner):
+    """--method sequential end to end (manifest says so); --device is validated, and cuda without a GPU
+    fails with a clear message and writes nothing."""
+    import torch
+
+    from edgeattn.cli.main import cli
+    from edgeattn.errors import ConfigError
+    from edgeattn.quantize.sparsity_pipeline import SparsifyJob
+
+    out = tmp_path / "seq.onnx"
+    result = runner.invoke(cli, ["sparsify", "--model", str(tiny_bert_dir), "--out", str(out), "--method",
+                                 "sequential", "--calib-batches", "2", "--finetune-steps", "1", "--batch", "2"])
+    assert result.exit_code == 0, result.output
+    section = json.loads((tmp_path / "seq.onnx.sparsity.json").read_text())
+    assert section["sparsity"]["config"]["method"] == "sequential" and section["job"]["device"] == "cpu"
+    assert section["sparsity"]["pruned"]
+    with pytest.raises(ConfigError, match="expected cpu, cuda or cuda:N, found 'gpu'"):
+        SparsifyJob(device="gpu")
+    if not torch.cuda.is_available():
+        result = runner.invoke(cli, ["sparsify", "--model", str(tiny_bert_dir), "--out", str(tmp_path / "g.onnx"),
+                                     "--device", "cuda"])
+        assert result.exit_code != 0 and "expected a CUDA device, found none" in result.output
+        assert not (tmp_path / "g.onnx").exists()

@@ -31,10 +31,14 @@ import click
 @click.option("--qat", type=click.Choice(["w8a8", "w4", "fp8"]),
               help="Then quantization-aware training (edgeattn quantize), masks kept; exports Q/DQ ONNX.")
 @click.option("--qat-steps", default=100, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="Prune and fine-tune on cpu, cuda or cuda:N.")
+@click.option("--bf16", is_flag=True, help="bf16 autocast in fine-tuning (CUDA).")
+@click.option("--time-budget-s", type=float, help="Cap the fine-tuning steps to fit this many seconds.")
+@click.option("--calib-batches", default=8, show_default=True, help="Batches of 8 texts for calibrated masks.")
 @click.option("--save-hf", type=click.Path(path_type=Path),
               help="Also save the pruned checkpoint, e.g. as input of `edgeattn quantize`.")
 def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
-             skip, lr, batch, qat, qat_steps, save_hf):
+             skip, lr, batch, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
     from edgeattn.quantize.sparsity import SparsityConfig
     from edgeattn.quantize.sparsity_finetune import FinetuneConfig
@@ -43,7 +47,8 @@ def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gem
     job = SparsifyJob(
         sparsity=SparsityConfig(policy=policy, method=method, tokens=tokens, gemm_dtype=gemm_dtype,
                                 speed_table=speed_table, permute=permute, skip=tuple(skip)),
-        finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch),
+        finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch, bf16=bf16, time_budget_s=time_budget_s),
+        device=device, calib_batches=calib_batches,
         calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None,
         qat=qat, qat_steps=qat_steps if qat else 0)
     section = run_sparsify(model_name, out, job, progress=lambda m: click.echo(m, err=True))
