@@ -47,3 +47,27 @@ def test_qat_on_cuda_keeps_two_four_zeros_and_exports(tmp_path):
     export_qdq(model, "encoder", tmp_path / "q.onnx")
     ops = {n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "MatMul"} <= ops
+
+
+@pytest.mark.parametrize("method", ["calibrated", "sequential"])
+def test_calibrated_pruning_on_cuda_matches_the_cpu(method):
+    """Grams, OBS updates and (sequential) block re-runs on the GPU give the CPU's masks and weights."""
+    import torch
+
+    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from tests.quant_models import tiny_llama, token_batch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    calib = [token_batch(4, 16, seed=s) for s in range(3)]
+    cpu, gpu = tiny_llama(), tiny_llama().cuda()
+    sparsify_(cpu, SparsityConfig(method=method), calibration=calib)
+    sparsify_(gpu, SparsityConfig(method=method), calibration=calib)
+    a, b = masked_layers(cpu), masked_layers(gpu)
+    assert set(a) == set(b) and len(a) == 15
+    for name in a:
+        wa, wb = a[name].weight, b[name].weight
+        assert wb.is_cuda and is_two_four(wb.cpu())
+        agree = ((wa != 0) == (wb.cpu() != 0)).float().mean().item()
+        assert agree > 0.99, f"{name}: masks agree on {agree:.3f} of the weights"
+        rel = ((wb.cpu() - wa).norm() / wa.norm()).item()
+        assert rel < 1e-2, f"{name}: GPU weights differ from the CPU's by {rel:.2e} (relative)"
