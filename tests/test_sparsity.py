@@ -302,3 +302,27 @@ def test_sequential_pruning_needs_blocks():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     with pytest.raises(ModelError, match="ModuleList of transformer blocks"):
         sparsify_(model, SparsityConfig(method="sequential"), calibration=[{"input": torch.ones(2, 8)}])
+
+
+def test_encoder_batches_equal_the_tokenizers_own_padding(tmp_path):
+    """Sentences are tokenized once and padded per batch: the same tensors as tokenizing each batch."""
+    import torch
+    import transformers
+
+    from edgeattn.quantize.sparsity_finetune import FinetuneConfig, text_batches
+    from tests.quant_models import save_tiny_bert
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))
+    docs = ["the w1 w2 of w3. a w4 is w5 w6 w7 w8 w9 the w10. it was w11", "w12 w13 w14 to and in. w15 w16 w17 w18 w19"]
+    config = FinetuneConfig(batch=3, seq_len=8, seed=5)
+    sentences = ["the w1 w2 of w3.", "a w4 is w5 w6 w7 w8 w9 the w10.", "it was w11.", "w12 w13 w14 to and in.",
+                 "w15 w16 w17 w18 w19."]
+    gen = torch.Generator().manual_seed(5)
+    batches = text_batches(tok, docs, "encoder", config)
+    for _ in range(4):
+        pick = torch.randint(0, len(sentences), (3,), generator=gen).tolist()
+        ref = tok([sentences[i] for i in pick], padding=True, truncation=True, max_length=8, return_tensors="pt")
+        got = next(batches)
+        assert set(got) == set(ref)
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), key
