@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     rows = []
+    step_ms(args.kinds.split(",")[0], 8, 32, args.device, args.bf16, 2)  # process warm-up (CUDA init, libraries)
     for kind in args.kinds.split(","):
         for batch, seq in SHAPES[kind]:
             ms = step_ms(kind, batch, seq, args.device, args.bf16, args.steps)
