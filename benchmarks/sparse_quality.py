@@ -124,7 +124,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(2)
-    # sdpa attention: the fine-tune ran at half speed with eager attention (SmolLM2 on the H200, 209 vs 101 ms a step)
+    # sdpa attention for training: SmolLM2 32 x 256 took 209 ms a step on the H200 with eager attention, and
+    # 101 ms in finetune_speed.py with sdpa (random tokens; attention is the main difference between the two)
     dense, tok, kind = hf_models.load(args.model, attn_implementation="sdpa")
     student = copy.deepcopy(dense)
     docs = read_texts()
