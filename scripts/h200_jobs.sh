@@ -75,11 +75,11 @@ case ${1:-} in
       gen="[ -f /tmp/pay/gen$gpu.txt ] || { python3 -m edgeattn distill-text --device cuda --docs $half --batch 512 --seed $gpu --out /tmp/pay/gen$gpu.txt \
         && cp /tmp/pay/gen$gpu.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }"
       if [ $gpu = 0 ]; then
-        start smol_sparse 0 bash -c "$gen; $wait_for; $sparse smollm2 --batch 32 --seq-len 256 --lr ${SMOL_LR:-2e-4} \
+        start smol_sparse 0 bash -c "$gen; $wait_for; $sparse smollm2 --batch ${SMOL_BATCH:-64} --seq-len 256 --lr ${SMOL_LR:-2e-4} \
           --calib-batches 64 --time-budget-s ${SMOL_BUDGET:-400} --json /tmp/res/sparse_smollm2.json"
       else
         start minilm_gen 1 bash -c "$gen; $wait_for; until [ -f /tmp/pay/gp/minilm/config.json ]; do sleep 3; done
-          $sparse /tmp/pay/gp/minilm --batch 128 --seq-len 128 --lr 4e-4 --calib-batches 16 --extra-text pydoc \
+          $sparse /tmp/pay/gp/minilm --batch ${MINILM_BATCH:-512} --seq-len 128 --lr ${MINILM_LR:-6e-4} --calib-batches 16 --extra-text pydoc \
           --time-budget-s ${MINILM_BUDGET:-400} --qat --qat-steps 600 --json /tmp/res/sparse_minilm_gen.json"
       fi
     done
