@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from edgeattn.errors import ConfigError
+from edgeattn.errors import ConfigError, InputError
 from edgeattn.optional import require
 
 GENRES = (
@@ -121,6 +121,8 @@ def write_distill_text(model_name: str | Path, out: str | Path, config: Generate
     model = model.to(device, torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
     started = time.time()
     docs = generate_documents(model, tok, config, progress)
+    if not docs:
+        raise InputError(f"{model_name}: expected text from {config.docs} requests, found only empty answers")
     write_documents(docs, out)
     return {"model": str(model_name), "out": str(out), "config": asdict(config), "device": str(device),
             "documents": len(docs), "words": sum(len(d.split()) for d in docs),
