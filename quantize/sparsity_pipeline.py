@@ -84,6 +84,8 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     from edgeattn.quantize.sparsity_finetune import distill_, read_texts, text_batches
 
     out = Path(out)
+    if job.device != "cpu" and not require("torch", "sparsify on a GPU").cuda.is_available():
+        raise ConfigError(f"device {job.device}: expected a CUDA device, found none (torch.cuda.is_available() is False)")
     model, tok, kind = hf_models.load(model_name)
     teacher = copy.deepcopy(model) if job.finetune.steps or job.qat else None
     calibration = None
@@ -93,14 +95,9 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     if calibrated:
         batches = text_batches(tok, texts, kind, FinetuneConfig(batch=8, seq_len=job.finetune.seq_len, seed=1))
         calibration = [next(batches) for _ in range(job.calib_batches)]
-    if job.device != "cpu":
-        torch = require("torch", "sparsify on a GPU")
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device {job.device}: expected a CUDA device, found none (torch.cuda.is_available() "
-                              "is False)")
-        for m in (model, teacher):
-            if m is not None:
-                m.to(job.device)
+    for m in (model, teacher):
+        if m is not None:
+            m.to(job.device)
     progress(f"pruning ({job.sparsity.policy}, {job.sparsity.method}) on {job.device}")
     report = sparsify_(model, job.sparsity, calibration=calibration)
     section: dict[str, Any] = {"model": str(model_name), "kind": kind, "sparsity": report.as_dict(),
