@@ -241,13 +241,11 @@ def sparsify_(model, config: SparsityConfig = SparsityConfig(), *, calibration=N
             grams = collect_grams(model, chosen, calibration)
         for name, module in chosen.items():
             if name in grams:
-                from edgeattn.quantize.sparsity_calibrate import prune_two_four
+                from edgeattn.quantize.sparsity_calibrate import prune_layer_
 
-                pruned_weight, mask = prune_two_four(module.weight.detach(), grams.pop(name))
-                module.weight.copy_(pruned_weight)
+                prune_layer_(module, grams.pop(name))
             else:
-                mask = two_four_mask(module.weight.detach())
-            apply_mask_(module, mask)
+                apply_mask_(module, two_four_mask(module.weight.detach()))
     return report
 
 

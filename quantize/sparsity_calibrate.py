@@ -95,3 +95,12 @@ def prune_two_four(weight, gram):
         w[:, b1:] -= errs @ u[b0:b1, b1:]
     mask = ~pruned
     return (w * mask).to(weight.device, weight.dtype), mask.to(weight.device)
+
+
+def prune_layer_(linear, gram) -> None:
+    """Prune `linear` 2:4 in place from its input Gram matrix: compensated weight copied in, mask applied."""
+    from edgeattn.quantize.sparsity import apply_mask_
+
+    weight, mask = prune_two_four(linear.weight.detach(), gram)
+    linear.weight.copy_(weight)
+    apply_mask_(linear, mask)

@@ -107,8 +107,7 @@ def prune_sequential_(model, chosen: dict, calibration: Iterable[dict],
                       progress: Callable[[str], None] = lambda msg: None) -> None:
     """Prune every Linear in `chosen` (name -> module) to 2:4, in place, masks applied, block by block."""
     torch = require("torch", "2:4 sparsity")
-    from edgeattn.quantize.sparsity import apply_mask_
-    from edgeattn.quantize.sparsity_calibrate import collect_grams, prune_two_four
+    from edgeattn.quantize.sparsity_calibrate import collect_grams, prune_layer_
 
     calibration = list(calibration)
     blocks = find_blocks(model, chosen)
@@ -117,9 +116,7 @@ def prune_sequential_(model, chosen: dict, calibration: Iterable[dict],
 
     def prune(names: dict, grams: dict) -> None:
         for name, module in names.items():
-            weight, mask = prune_two_four(module.weight.detach(), grams.pop(name))
-            module.weight.copy_(weight)
-            apply_mask_(module, mask)
+            prune_layer_(module, grams.pop(name))
             done.add(name)
 
     with torch.no_grad():
