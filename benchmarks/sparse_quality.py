@@ -111,7 +111,8 @@ def main() -> None:
     parser.add_argument("--qat", action="store_true", help="then W8A8 QAT (edgeattn.quantize, issue 4), masks kept")
     parser.add_argument("--qat-steps", type=int, default=150)
     parser.add_argument("--eval-docs", type=int, default=HELD_OUT_DOCS, help="held-out documents for perplexity")
-    parser.add_argument("--time-budget-s", type=float, default=None, help="cap the fine-tune steps to this time")
+    parser.add_argument("--time-budget-s", type=float, default=None,
+                        help="stop the fine-tune after this many seconds (the learning rate decays over them)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
     parser.add_argument("--extra-text", choices=["none", "pydoc", "stdlib"], default="none",
                         help="add English sentences from Python's bundled documentation (pydoc_data), or also "

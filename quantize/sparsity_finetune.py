@@ -17,7 +17,7 @@ from edgeattn.errors import ConfigError, InputError
 from edgeattn.optional import require
 
 LOSSES = ("auto", "hidden", "logits")
-WARMUP_STEPS = 10  # steps before the time budget's per-step timing starts
+WARMUP_STEPS = 10  # steps before the logged per-step time estimate starts
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class FinetuneConfig:
     seq_len: int = 128
     seed: int = 0
     loss: str = "auto"  # auto: hidden for encoders, logits for decoders
-    time_budget_s: float | None = None  # stop early: cap the steps to fit this budget, timed on steps 10-30
+    time_budget_s: float | None = None  # stop at this many seconds; the learning rate then decays over time
     bf16: bool = False  # autocast forward passes to bfloat16 (CUDA)
     train_embeddings: bool = False  # also train the (unpruned) embedding tables
     cosine_weight: float = 1.0  # encoders: weight of 1 - cosine of the pooled embedding next to the hidden MSE
@@ -106,6 +106,19 @@ def _loss(student, teacher, batch, kind: str, cosine_weight: float = 1.0):
     return torch.stack(per_layer).mean() + cosine_weight * (1.0 - cosine)
 
 
+def _fraction_done(config: FinetuneConfig, step: int, elapsed_s: float) -> float:
+    """How far the run is, 0..1: by steps, or by time when a budget is set, whichever is further."""
+    done = step / config.steps if config.steps else 1.0
+    if config.time_budget_s is not None:
+        done = max(done, elapsed_s / config.time_budget_s)
+    return done
+
+
+def lr_factor(step: int, done: float) -> float:
+    """Learning-rate multiplier: 10 warm-up steps, then a linear decay to zero at the end of the run."""
+    return min(1.0, (step + 1) / 10) * max(0.0, 1.0 - done)
+
+
 def distill_(student, teacher, batches: Iterator[dict], kind: str, config: FinetuneConfig = FinetuneConfig(),
              progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Fine-tune `student` (pruned, masks on) towards `teacher` in place; returns a manifest section."""
@@ -127,20 +140,20 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
                     p.requires_grad_(True)
                     params.append(p)
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    total = [config.steps]  # may shrink to fit time_budget_s; the schedule decays to zero at the end
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.0, 1 - s / max(total[0], 1)))
     student.eval()  # dropout off: the target is the teacher's deterministic output
     device = next(student.parameters()).device
     losses, started = [], time.time()
     step = 0
-    while step < total[0]:
+    while (done := _fraction_done(config, step, time.time() - started)) < 1.0:
+        for group in opt.param_groups:
+            group["lr"] = config.lr * lr_factor(step, done)
         if step == WARMUP_STEPS:
             warm = time.time()
-        if config.time_budget_s is not None and step == WARMUP_STEPS + 20:
-            # time steady steps only: the first ones (allocator, autotuning, caches) are slower
-            per_step, spent = (time.time() - warm) / 20, time.time() - started
-            total[0] = min(total[0], max(step + 1, step + int((config.time_budget_s - spent) / per_step)))
-            progress(f"{per_step * 1e3:.0f} ms/step: {total[0]} steps fit the {config.time_budget_s:.0f} s budget")
+        if config.time_budget_s is not None and step == WARMUP_STEPS + 20:  # an estimate, for the log only
+            per_step = max((time.time() - warm) / 20, 1e-9)
+            left = int((config.time_budget_s - (time.time() - started)) / per_step)
+            progress(f"{per_step * 1e3:.0f} ms/step: about {min(config.steps, step + left)} steps fit the "
+                     f"{config.time_budget_s:.0f} s budget")
         batch = {k: v.to(device) for k, v in next(batches).items()}  # to wherever the student lives
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
             loss = _loss(student, teacher, batch, loss_kind, config.cosine_weight).float()
@@ -148,11 +161,11 @@ def distill_(student, teacher, batches: Iterator[dict], kind: str, config: Finet
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
         losses.append(loss.item())
-        if step % 100 == 0 or step == total[0] - 1:
-            progress(f"step {step + 1}/{total[0]} loss {losses[-1]:.4g}")
+        if step % 100 == 0:
+            progress(f"step {step + 1} ({done:.0%}) loss {losses[-1]:.4g}")
         step += 1
+    progress(f"step {step} (done) loss {losses[-1]:.4g}" if losses else "no fine-tuning steps")
     student.eval()
     for p in params:
         p.requires_grad_(False)

@@ -13,6 +13,8 @@
 #                                     GPU 1: MiniLM 2:4 + fine-tune + QAT (carry .gpu_payload in the next call);
 #                                     texts already in /tmp/pay (`part .pay_t`: gen0.txt, gen1.txt) are reused
 # Keep calling (e.g. `sleep 280; tail ...`) while jobs run: a machine idle for 30 s is given back, jobs and all.
+#   smolsparse NAME GPU [OPTIONS]     (after smol, texts in /tmp/pay) one more 2:4 SmolLM2 run: sequential masks,
+#                                     64 x 256 tokens, the generated text; OPTIONS override (e.g. --lr 8e-4)
 #   collect [SECONDS]                 wait up to SECONDS for the detached jobs, pack /tmp/res into $OUT
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 EDGEATTN_CACHE=/tmp/cache EDGEATTN_BENCH_DIR=/tmp/qb
@@ -44,7 +46,8 @@ case ${1:-} in
   smolsparse)  # smolsparse NAME GPU [sparse_quality.py options]: one 2:4 SmolLM2 run (after smol)
     name=$2 gpu=$3; shift 3
     start "smol_$name" "$gpu" python3 benchmarks/sparse_quality.py smollm2 --device cuda --steps 200000 --bf16 \
-      --batch 32 --seq-len 256 --calib-batches 64 --json "/tmp/res/sparse_smollm2_$name.json" "$@"
+      --batch 64 --seq-len 256 --lr 6e-4 --calib-batches 64 --method sequential --time-budget-s 850 \
+      --text-file /tmp/pay/gen0.txt --text-file /tmp/pay/gen1.txt --json "/tmp/res/sparse_smollm2_$name.json" "$@"
     ;;
   part)
     cp "${2:?folder}"/* /tmp/pay/ && ls -la /tmp/pay
@@ -75,7 +78,7 @@ case ${1:-} in
       gen="[ -f /tmp/pay/gen$gpu.txt ] || { python3 -m edgeattn distill-text --device cuda --docs $half --batch 512 --seed $gpu --out /tmp/pay/gen$gpu.txt \
         && cp /tmp/pay/gen$gpu.txt /tmp/res/; } || { touch /tmp/pay/gen.failed; exit 1; }"
       if [ $gpu = 0 ]; then
-        start smol_sparse 0 bash -c "$gen; $wait_for; $sparse smollm2 --batch ${SMOL_BATCH:-64} --seq-len 256 --lr ${SMOL_LR:-2e-4} \
+        start smol_sparse 0 bash -c "$gen; $wait_for; $sparse smollm2 --batch ${SMOL_BATCH:-64} --seq-len 256 --lr ${SMOL_LR:-6e-4} \
           --calib-batches 64 --time-budget-s ${SMOL_BUDGET:-400} --json /tmp/res/sparse_smollm2.json"
       else
         start minilm_gen 1 bash -c "$gen; $wait_for; until [ -f /tmp/pay/gp/minilm/config.json ]; do sleep 3; done

@@ -224,8 +224,9 @@ def test_config_validation():
         sparsify_(_model(), SparsityConfig(method="calibrated"))
 
 
-def test_time_budget_caps_the_steps_from_steady_step_times(monkeypatch):
-    """A clock that ticks once per batch, the first 10 batches 5x slower: the budget is sized from steps 10-30."""
+def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch):
+    """A clock that ticks once per batch: 2 s a step for 30 steps (a busy GPU), then 0.5 s. The run must last its
+    100 s budget (60 s + 80 steps), not stop at the 50 steps that the first 30 step times predict."""
     import types
 
     from edgeattn.quantize import sparsity_finetune as ft
@@ -238,17 +239,28 @@ def test_time_budget_caps_the_steps_from_steady_step_times(monkeypatch):
     def batches():
         n = 0
         while True:
-            clock[0] += 5.0 if n < 10 else 1.0
+            clock[0] += 2.0 if n < 30 else 0.5
             n += 1
             yield token_batch(2, 8, seed=n)
 
     teacher = tiny_llama()
     student = tiny_llama()
     sparsify_(student)
-    config = ft.FinetuneConfig(steps=1000, time_budget_s=100.0)
-    out = ft.distill_(student, teacher, batches(), "decoder", config)
-    # 10 warm-up batches (50 s) + 20 timed (20 s) = 70 s spent, 1 s a step: 30 more steps fit
-    assert out["steps_run"] == 60
+    out = ft.distill_(student, teacher, batches(), "decoder", ft.FinetuneConfig(steps=1000, time_budget_s=100.0))
+    assert out["steps_run"] == 110
+    out = ft.distill_(student, teacher, batches(), "decoder", ft.FinetuneConfig(steps=7, time_budget_s=100.0))
+    assert out["steps_run"] == 7  # the step count still caps a run that has time left
+
+
+def test_learning_rate_warms_up_then_decays_to_zero_by_progress():
+    from edgeattn.quantize.sparsity_finetune import FinetuneConfig, _fraction_done, lr_factor
+
+    assert lr_factor(0, 0.0) == pytest.approx(0.1) and lr_factor(9, 0.0) == 1.0
+    assert lr_factor(500, 0.75) == pytest.approx(0.25) and lr_factor(500, 1.0) == 0.0
+    config = FinetuneConfig(steps=100, time_budget_s=10.0)
+    assert _fraction_done(config, 20, 5.0) == 0.5  # time is further along than steps (0.2)
+    assert _fraction_done(config, 80, 5.0) == 0.8  # steps are further along than time
+    assert _fraction_done(FinetuneConfig(steps=100), 20, 1e9) == 0.2  # no budget: steps only
 
 
 def _calib(n=3, seq=10, vocab=1000):

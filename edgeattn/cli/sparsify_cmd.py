@@ -33,7 +33,7 @@ import click
 @click.option("--qat-steps", default=100, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Prune and fine-tune on cpu, cuda or cuda:N.")
 @click.option("--bf16", is_flag=True, help="bf16 autocast in fine-tuning (CUDA).")
-@click.option("--time-budget-s", type=float, help="Cap the fine-tuning steps to fit this many seconds.")
+@click.option("--time-budget-s", type=float, help="Stop fine-tuning after this many seconds; the learning rate decays over them.")
 @click.option("--calib-batches", default=8, show_default=True, help="Batches of 8 texts for calibrated masks.")
 @click.option("--save-hf", type=click.Path(path_type=Path),
               help="Also save the pruned checkpoint, e.g. as input of `edgeattn quantize`.")
