@@ -121,6 +121,8 @@ def main() -> None:
                         help="more fine-tuning text, one document a line (e.g. from `edgeattn distill-text`)")
     parser.add_argument("--train-embeddings", action="store_true", help="also train the embedding tables")
     parser.add_argument("--cosine-weight", type=float, default=1.0, help="weight of the pooled-cosine loss term")
+    parser.add_argument("--length-grouping", type=int, default=16,
+                        help="encoders: batches cut from a pool of this many sorted by length (1: random batches)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -133,7 +135,7 @@ def main() -> None:
     train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
     ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len,
                         time_budget_s=args.time_budget_s, bf16=args.bf16, train_embeddings=args.train_embeddings,
-                        cosine_weight=args.cosine_weight)
+                        cosine_weight=args.cosine_weight, length_grouping=args.length_grouping)
     train_text = train_docs + (pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else [])
     train_text += stdlib_docstrings() if args.extra_text == "stdlib" else []
     for path in args.text_file:

@@ -326,7 +326,7 @@ def test_encoder_batches_equal_the_tokenizers_own_padding(tmp_path):
 
     tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))
     docs = ["the w1 w2 of w3. a w4 is w5 w6 w7 w8 w9 the w10. it was w11", "w12 w13 w14 to and in. w15 w16 w17 w18 w19"]
-    config = FinetuneConfig(batch=3, seq_len=8, seed=5)
+    config = FinetuneConfig(batch=3, seq_len=8, seed=5, length_grouping=1)
     sentences = ["the w1 w2 of w3.", "a w4 is w5 w6 w7 w8 w9 the w10.", "it was w11.", "w12 w13 w14 to and in.",
                  "w15 w16 w17 w18 w19."]
     gen = torch.Generator().manual_seed(5)
@@ -338,3 +338,31 @@ def test_encoder_batches_equal_the_tokenizers_own_padding(tmp_path):
         assert set(got) == set(ref)
         for key in ref:
             assert torch.equal(got[key], ref[key]), key
+
+
+def test_encoder_batches_grouped_by_length_cover_the_pool_with_less_padding(tmp_path):
+    """With length grouping, a pool of 4 batches is the random draw sorted by length and cut in 4, served in
+    random order: the first pool holds the same sentences as the ungrouped first draw, with far less padding."""
+    import torch
+    import transformers
+
+    from edgeattn.quantize.sparsity_finetune import FinetuneConfig, text_batches
+    from tests.quant_models import save_tiny_bert
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))
+    words = ["w%d" % i for i in range(1, 40)]
+    docs = [". ".join(" ".join(words[:n]) for n in (3, 5, 8, 13, 21, 34)) * 3]
+    grouped = text_batches(tok, docs, "encoder", FinetuneConfig(batch=4, seq_len=64, seed=3, length_grouping=4))
+    plain = text_batches(tok, docs, "encoder", FinetuneConfig(batch=16, seq_len=64, seed=3, length_grouping=1))
+    for k in range(3):
+        pool = next(plain)  # 16 draws padded together; the first equals the grouped pool's draws (same seed)
+        parts = [next(grouped) for _ in range(4)]
+        lengths = sorted(int(n) for p in parts for n in p["attention_mask"].sum(1))
+        assert k > 0 or lengths == sorted(int(n) for n in pool["attention_mask"].sum(1))
+        assert len(lengths) == 16
+        spans = sorted((int(p["attention_mask"].sum(1).min()), int(p["attention_mask"].sum(1).max())) for p in parts)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # sorted, then cut: the ranges do not overlap
+        padded = sum(p["input_ids"].numel() for p in parts)
+        assert padded < 0.8 * pool["input_ids"].numel()
+        for p in parts:  # the rows are real tokenizations, padded with zeros after their mask
+            assert torch.equal(p["input_ids"] * (1 - p["attention_mask"]), torch.zeros_like(p["input_ids"]))
