@@ -141,7 +141,8 @@ def main() -> None:
     for path in args.text_file:
         train_text += read_texts(path)
     print(f"fine-tuning text: {len(train_text)} documents", flush=True)
-    calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1))
+    calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1,
+                                                          length_grouping=args.length_grouping))
     calib = [next(calib) for _ in range(args.calib_batches)]
     t0 = time.time()
     student.to(args.device)  # calibrated pruning runs where the model is

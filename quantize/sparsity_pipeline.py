@@ -93,7 +93,8 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     if calibrated or job.finetune.steps or job.qat:
         texts = read_texts(job.calib)
     if calibrated:
-        batches = text_batches(tok, texts, kind, FinetuneConfig(batch=8, seq_len=job.finetune.seq_len, seed=1))
+        batches = text_batches(tok, texts, kind, FinetuneConfig(batch=8, seq_len=job.finetune.seq_len, seed=1,
+                                                                length_grouping=job.finetune.length_grouping))
         calibration = [next(batches) for _ in range(job.calib_batches)]
     for m in (model, teacher):
         if m is not None:
