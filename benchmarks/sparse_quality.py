@@ -119,6 +119,9 @@ def main() -> None:
                              "the standard library's docstrings (stdlib), to the fine-tuning text")
     parser.add_argument("--text-file", type=Path, action="append", default=[],
                         help="more fine-tuning text, one document a line (e.g. from `edgeattn distill-text`)")
+    parser.add_argument("--repeat-train-docs", type=int, default=1,
+                        help="use the lee_background training documents this many times in the fine-tuning text "
+                             "(weights the evaluated domain; the held-out documents are never trained on)")
     parser.add_argument("--train-embeddings", action="store_true", help="also train the embedding tables")
     parser.add_argument("--cosine-weight", type=float, default=1.0, help="weight of the pooled-cosine loss term")
     parser.add_argument("--length-grouping", type=int, default=16,
@@ -136,7 +139,9 @@ def main() -> None:
     ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len,
                         time_budget_s=args.time_budget_s, bf16=args.bf16, train_embeddings=args.train_embeddings,
                         cosine_weight=args.cosine_weight, length_grouping=args.length_grouping)
-    train_text = train_docs + (pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else [])
+    if args.repeat_train_docs < 1:
+        parser.error(f"--repeat-train-docs: expected >= 1, found {args.repeat_train_docs}")
+    train_text = train_docs * args.repeat_train_docs + (pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else [])
     train_text += stdlib_docstrings() if args.extra_text == "stdlib" else []
     for path in args.text_file:
         train_text += read_texts(path)
@@ -153,7 +158,9 @@ def main() -> None:
     print(f"pruned {len(report.pruned)} Linear layers 2:4 ({args.method}, {time.time() - t0:.0f} s); "
           f"skipped: {json.dumps(report.as_dict()['skipped'])}")
     sentences = polarity_sentences()
-    figures: dict = {"model": args.model, "method": args.method, "pruned_layers": len(report.pruned)}
+    figures: dict = {"model": args.model, "method": args.method, "pruned_layers": len(report.pruned),
+                     "text": {"documents": len(train_text), "repeat_train_docs": args.repeat_train_docs,
+                              "extra_text": args.extra_text, "text_files": [p.name for p in args.text_file]}}
 
     def measure(label: str, model) -> None:
         if kind == "decoder":
