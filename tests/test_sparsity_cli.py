@@ -80,10 +80,12 @@ def test_sparsify_sequential_and_device_checks(tiny_bert_dir, tmp_path, runner):
 
     out = tmp_path / "seq.onnx"
     result = runner.invoke(cli, ["sparsify", "--model", str(tiny_bert_dir), "--out", str(out), "--method",
-                                 "sequential", "--calib-batches", "2", "--finetune-steps", "1", "--batch", "2"])
+                                 "sequential", "--calib-batches", "2", "--finetune-steps", "1", "--batch", "2",
+                                 "--seq-len", "24"])
     assert result.exit_code == 0, result.output
     section = json.loads((tmp_path / "seq.onnx.sparsity.json").read_text())
     assert section["sparsity"]["config"]["method"] == "sequential" and section["job"]["device"] == "cpu"
+    assert section["finetune"]["config"]["seq_len"] == 24
     assert section["sparsity"]["pruned"]
     with pytest.raises(ConfigError, match="expected cpu, cuda or cuda:N, found 'gpu'"):
         SparsifyJob(device="gpu")

@@ -28,6 +28,9 @@ import click
 @click.option("--skip", multiple=True, help="Module name pattern (fnmatch) never pruned; repeatable.")
 @click.option("--lr", default=1e-4, show_default=True)
 @click.option("--batch", default=16, show_default=True)
+@click.option("--seq-len", default=128, show_default=True,
+              help="Tokens per fine-tuning window (decoders) or the longest sentence (encoders); decoders "
+                   "recover best when fine-tuned at the context length they will run at.")
 @click.option("--qat", type=click.Choice(["w8a8", "w4", "fp8"]),
               help="Then quantization-aware training (edgeattn quantize), masks kept; exports Q/DQ ONNX.")
 @click.option("--qat-steps", default=100, show_default=True)
@@ -38,7 +41,7 @@ import click
 @click.option("--save-hf", type=click.Path(path_type=Path),
               help="Also save the pruned checkpoint, e.g. as input of `edgeattn quantize`.")
 def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
-             skip, lr, batch, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf):
+             skip, lr, batch, seq_len, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
     from edgeattn.quantize.sparsity import SparsityConfig
     from edgeattn.quantize.sparsity_finetune import FinetuneConfig
@@ -47,7 +50,8 @@ def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gem
     job = SparsifyJob(
         sparsity=SparsityConfig(policy=policy, method=method, tokens=tokens, gemm_dtype=gemm_dtype,
                                 speed_table=speed_table, permute=permute, skip=tuple(skip)),
-        finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch, bf16=bf16, time_budget_s=time_budget_s),
+        finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch, seq_len=seq_len, bf16=bf16,
+                                time_budget_s=time_budget_s),
         device=device, calib_batches=calib_batches,
         calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None,
         qat=qat, qat_steps=qat_steps if qat else 0)
