@@ -141,7 +141,8 @@ def main() -> None:
                         cosine_weight=args.cosine_weight, length_grouping=args.length_grouping)
     if args.repeat_train_docs < 1:
         parser.error(f"--repeat-train-docs: expected >= 1, found {args.repeat_train_docs}")
-    train_text = train_docs * args.repeat_train_docs + (pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else [])
+    train_text = train_docs * args.repeat_train_docs
+    train_text += pydoc_documents() if args.extra_text in ("pydoc", "stdlib") else []
     train_text += stdlib_docstrings() if args.extra_text == "stdlib" else []
     for path in args.text_file:
         train_text += read_texts(path)
