@@ -1,13 +1,23 @@
-"""Atomic writes: a file or a whole directory appears complete or not at all."""
+"""Atomic writes: a file or a whole directory appears complete or not at all.
+
+Nothing here replaces what it was not told it may replace: `directory(final, owned=...)` refuses an
+existing `final` unless `owned(final)` says an earlier run of ours wrote it. Staging folders carry the
+writer's PID, so the next write cleans those of writers that died (SIGKILL) and leaves live ones alone.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from edgeattn.errors import InputError
+
+_STAGING = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.(?:partial|old)$")
 
 
 def _umask() -> int:
@@ -41,26 +51,67 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def clean_stale(final: Path) -> list[Path]:
+    """Remove staging and backup folders beside `final` left by writers that are no longer running."""
+    removed = []
+    for entry in final.parent.glob(f".{final.name}.*"):
+        m = _STAGING.match(entry.name)
+        if m and m["name"] == final.name and entry.is_dir() and not _alive(int(m["pid"])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _check_replaceable(final: Path, owned: Callable[[Path], bool] | None, what: str) -> None:
+    if not final.exists() and not final.is_symlink():
+        return
+    if final.is_symlink() or not final.is_dir():
+        raise InputError(f"{final} exists and is not a folder: expected a new path or an earlier {what}; "
+                         f"choose another output or remove it yourself")
+    if owned is None or not owned(final):
+        raise InputError(f"{final} exists and is not an earlier {what}: refusing to replace a folder this "
+                         f"command did not write; choose another output or remove it yourself")
+
+
 @contextlib.contextmanager
-def directory(final: Path) -> Iterator[Path]:
+def directory(final: Path, *, owned: Callable[[Path], bool] | None = None,
+              what: str = "output of this command") -> Iterator[Path]:
     """Yield an empty staging folder beside `final`; on success it replaces `final` in one rename.
 
-    On any exception (Ctrl-C included) the staging folder is removed and `final`, if it existed, is
-    left as it was.
+    An existing `final` is replaced only when `owned(final)` is true (an earlier artifact of the same
+    kind); anything else raises InputError before any work starts. On any exception (Ctrl-C included)
+    the staging folder is removed and `final`, if it existed, is left as it was.
     """
-    final = Path(final)
+    final = Path(os.path.abspath(final))
+    if final == final.parent:
+        raise InputError(f"{final}: expected a folder path to create, found the file-system root")
+    _check_replaceable(final, owned, what)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    clean_stale(final)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent))
     try:
         staging.chmod(0o777 & ~_umask())  # as mkdir would, not mkdtemp's owner-only 0700
         yield staging
+        _check_replaceable(final, owned, what)  # it may have appeared while we worked
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     old = None
     if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".old", dir=final.parent))
+        os.replace(final, old / "previous")
     os.replace(staging, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

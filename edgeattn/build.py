@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -13,10 +14,10 @@ import onnx_ir as ir
 
 from edgeattn import __version__, onnx_model
 from edgeattn import atomic
-from edgeattn.bundle import Bundle, default_bundle_path, open_bundle
+from edgeattn.bundle import Bundle, default_bundle_path, is_bundle, open_bundle
 from edgeattn.engine import builder_for
-from edgeattn.errors import BuildError, ConfigError, StrictModeError
-from edgeattn.manifest import MANIFEST_NAME, REPORT_NAME, Manifest
+from edgeattn.errors import BuildError, BundleError, ConfigError, InputError, StrictModeError
+from edgeattn.manifest import MANIFEST_NAME, REPORT_NAME, Manifest, check_model_name
 from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes.registry import DEFAULT_PASSES, load_pass
 from edgeattn.precision import summarize
@@ -53,6 +54,11 @@ class BuildConfig:
         check_range(self.seq, "seq")
         for name, r in self.dims:
             check_range(r, f"dimension {name}")
+        if self.name is not None:
+            try:
+                check_model_name(self.name, "name")
+            except BundleError as exc:
+                raise ConfigError(str(exc)) from None
         if self.parity_tolerance is not None and not self.parity_tolerance > 0:
             raise ConfigError(f"parity_tolerance: expected > 0, found {self.parity_tolerance}")
 
@@ -85,6 +91,8 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
           progress: Progress = lambda msg: None) -> Bundle:
     """Build a bundle from an ONNX model. Nothing is written unless every step succeeds."""
     model_path = Path(model_path)
+    out = Path(config.out) if config.out else default_bundle_path(model_path)
+    check_output(out, model_path)
     target, why = resolve_target(config.target)
     target.require_precision(config.precision)
     source = onnx_model.load(model_path)
@@ -98,9 +106,8 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
     except onnx.checker.ValidationError as exc:
         raise BuildError(f"the graph passes produced an invalid model: {str(exc).splitlines()[0]}") from None
     processed_sig = onnx_model.signature(processed)
-    out = Path(config.out) if config.out else default_bundle_path(model_path)
 
-    with atomic.directory(out) as staging:
+    with atomic.directory(out, owned=is_bundle, what="edgeattn bundle") as staging:
         onnx.save(processed, str(staging / PROCESSED_NAME))
         progress(f"engine for {target.name} ({target.backend})")
         artifact = builder_for(target.backend)(staging / PROCESSED_NAME, staging, target, config, shape_plan)
@@ -112,7 +119,7 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         if config.strict and problems:
             raise StrictModeError(f"--strict: {len(problems)} problem(s), first: {problems[0]}")
         manifest = Manifest(
-            name=config.name or model_path.stem,
+            name=config.name or _name_from(model_path),
             target=target.as_dict(),
             backend=target.backend,
             artifact=artifact.artifact,
@@ -135,6 +142,24 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
                             + artifact.details.get("extra_files", []))
         (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
     return open_bundle(out)
+
+
+def _name_from(model_path: Path) -> str:
+    """The file's stem made into a plain model name (it becomes a folder and URL part when served)."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", model_path.stem).lstrip(".-")[:200]
+    return name or "model"
+
+
+def check_output(out: Path, model_path: Path) -> None:
+    """Refuse, before any work, an output that would replace the input or a folder we did not write."""
+    out_abs, model_abs = Path(out).resolve(), Path(model_path).resolve()
+    if out_abs == model_abs or out_abs in model_abs.parents:
+        raise InputError(f"--out {out}: expected a folder that does not contain the model, found that it "
+                         f"holds {model_path}; a build never replaces its own input")
+    if out_abs.exists() and not is_bundle(out_abs):
+        kind = "a folder that is not an edgeattn bundle" if out_abs.is_dir() else "a file"
+        raise InputError(f"--out {out}: expected a new path or an earlier edgeattn bundle, found {kind}; "
+                         f"choose another --out or remove it yourself")
 
 
 def _parity(model_path: Path, artifact_path: Path, sig, shape_plan, config: BuildConfig, artifact,

@@ -26,6 +26,18 @@ class Bundle:
         return self.path / name
 
 
+def is_bundle(path: Path) -> bool:
+    """True for a folder holding an edgeattn manifest (an earlier build that may be replaced)."""
+    manifest_path = Path(path) / MANIFEST_NAME
+    if not Path(path).is_dir() or Path(path).is_symlink() or not manifest_path.is_file():
+        return False
+    try:
+        Manifest.from_json(manifest_path.read_text(encoding="utf-8"), str(manifest_path))
+    except (BundleError, OSError, UnicodeDecodeError):
+        return False
+    return True
+
+
 def default_bundle_path(model_path: Path) -> Path:
     """MODEL.onnx -> MODEL.edgeattn/ beside it."""
     return model_path.with_name(model_path.stem + ".edgeattn")

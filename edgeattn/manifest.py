@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,31 @@ from edgeattn.onnx_model import TensorSpec
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 REPORT_NAME = "report.md"
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}$")
+
+
+def check_model_name(name: object, where: str = "model name") -> str:
+    """A model name becomes a folder name (Triton repositories) and a URL part: one plain path component."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise BundleError(f"{where}: expected letters, digits, '_', '.', '+' or '-' (not starting with '.' "
+                          f"or '-', at most 200), found {str(name)[:80]!r}")
+    return name
+
+
+def inside(root: Path, name: object, where: str = "manifest") -> Path:
+    """The path of a file a manifest names, which must be a relative path that resolves inside `root`."""
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        raise BundleError(f"{where}: expected a relative file name inside the bundle, found {str(name)[:80]!r}")
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise BundleError(f"{where}: expected a relative file name inside the bundle, found {name[:80]!r}")
+    root_abs = Path(root).resolve()
+    path = (root_abs / rel).resolve()
+    if root_abs not in path.parents:
+        raise BundleError(f"{where}: {name[:80]!r} resolves outside the bundle (a link?)")
+    return path
 
 
 def sha256_file(path: Path) -> str:
@@ -66,9 +92,13 @@ class Manifest:
         try:
             d["inputs"] = [TensorSpec.from_dict(s) for s in d["inputs"]]
             d["outputs"] = [TensorSpec.from_dict(s) for s in d["outputs"]]
-            return cls(**d)
+            manifest = cls(**d)
         except (KeyError, TypeError) as exc:
             raise BundleError(f"{where} is missing or has unexpected fields: {exc}") from None
+        check_model_name(manifest.name, f"{where}: name")
+        if not isinstance(manifest.files, dict) or not isinstance(manifest.artifact, str):
+            raise BundleError(f"{where}: expected 'files' to map names to sha256 and 'artifact' to be a name")
+        return manifest
 
     def input(self, role: str) -> TensorSpec | None:
         return next((s for s in self.inputs if s.role == role), None)
@@ -77,11 +107,19 @@ class Manifest:
         self.files = {n: sha256_file(root / n) for n in sorted(names)}
 
     def verify_files(self, root: Path) -> None:
-        """Raise BundleError naming the first file that is missing or whose hash differs."""
+        """Raise BundleError naming the first file that is missing, outside the bundle or whose hash differs.
+
+        Every path is checked to lie inside the bundle before anything is read, and the artifact (the file
+        the runtime loads) must be among the hashed files."""
         if not self.files:
             raise BundleError(f"{root}: the manifest lists no files")
+        paths = {name: inside(root, name, f"{root}: files") for name in self.files}
+        inside(root, self.artifact, f"{root}: artifact")
+        if self.artifact not in self.files:
+            raise BundleError(f"{root}: the artifact {self.artifact} is not among the hashed files; "
+                              f"expected every file the runtime loads to be listed")
         for name, digest in self.files.items():
-            path = root / name
+            path = paths[name]
             if not path.is_file():
                 raise BundleError(f"{root}: file {name} listed in the manifest is missing")
             found = sha256_file(path)

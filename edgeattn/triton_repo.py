@@ -21,11 +21,15 @@ from pathlib import Path
 
 from edgeattn import atomic
 from edgeattn.bundle import Bundle, open_bundle
-from edgeattn.errors import ConfigError, InputError
+from edgeattn.errors import BundleError, ConfigError, InputError
+from edgeattn.manifest import check_model_name
 
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
                 "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int8": "TYPE_INT8", "uint8": "TYPE_UINT8",
                 "bool": "TYPE_BOOL"}
+
+CONFIG_MARK = "# edgeattn export-triton:"
+LAUNCH_MARK = "(written by edgeattn export-triton)"
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,11 @@ class TritonConfig:
         if self.instances < 1 or self.max_queue_delay_us < 0:
             raise ConfigError(f"instances >= 1 and max_queue_delay_us >= 0 expected, found {self.instances} "
                               f"and {self.max_queue_delay_us}")
-        if self.model_name is not None and (not self.model_name or "/" in self.model_name):
-            raise ConfigError(f"model_name: expected a folder name, found {self.model_name!r}")
+        if self.model_name is not None:
+            try:
+                check_model_name(self.model_name, "model_name")
+            except BundleError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 def _batching(bundle: Bundle, cfg: TritonConfig) -> tuple[int, str]:
@@ -83,7 +90,7 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
     """config.pbtxt text (protobuf text format of inference.ModelConfig)."""
     m = bundle.manifest
     max_batch, why = _batching(bundle, cfg)
-    lines = [f"# edgeattn export-triton: {m.name} for target {m.target['name']} ({m.backend})",
+    lines = [f"{CONFIG_MARK} {m.name} for target {m.target['name']} ({m.backend})",
              f"# batching: {why}", f'name: "{name}"']
     if m.backend == "tensorrt":
         lines.append('platform: "tensorrt_plan"')
@@ -115,8 +122,21 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ours(path: Path, mark: str, first_lines: int = 2) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return any(mark in f.readline() for _ in range(first_lines))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _is_exported_model(folder: Path) -> bool:
+    """An earlier export-triton model folder (its config.pbtxt starts with our mark)."""
+    return folder.is_dir() and not folder.is_symlink() and _ours(folder / "config.pbtxt", CONFIG_MARK, 1)
+
+
 def _launch_script(name: str, cfg: TritonConfig, backend: str) -> str:
-    lines = ["#!/usr/bin/env bash", f"# Serve {name} (written by edgeattn export-triton).", 'cd "$(dirname "$0")"']
+    lines = ["#!/usr/bin/env bash", f"# Serve {name} {LAUNCH_MARK}.", 'cd "$(dirname "$0")"']
     if cfg.plugin_library is not None:
         lib = f"$PWD/{name}/plugins/{Path(cfg.plugin_library).name}"
         lines.append("# the TensorRT backend loads the attention plugin library before deserializing the engine")
@@ -138,9 +158,14 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
                              f"backend), found a {m.backend} bundle")
         if not Path(cfg.plugin_library).is_file():
             raise InputError(f"plugin library not found: {cfg.plugin_library}")
-    name = cfg.model_name or m.name
+    name = check_model_name(cfg.model_name or m.name, "model name")  # never a path: it is a folder in REPO
     repo = Path(repo)
-    with atomic.directory(repo / name) as staging:
+    launch = repo / "launch.sh"
+    if launch.is_symlink() or (launch.exists() and not _ours(launch, LAUNCH_MARK)):
+        raise InputError(f"{launch} exists and was not written by edgeattn export-triton: refusing to replace it; "
+                         f"choose another --repo or remove it yourself")
+    with atomic.directory(repo / name, owned=_is_exported_model,
+                          what="model folder written by edgeattn export-triton") as staging:
         (staging / "config.pbtxt").write_text(render_config(bundle, cfg, name), encoding="utf-8")
         version_dir = staging / str(cfg.version)
         version_dir.mkdir()
@@ -154,6 +179,6 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
         if cfg.plugin_library is not None:
             (staging / "plugins").mkdir()
             shutil.copy2(cfg.plugin_library, staging / "plugins" / Path(cfg.plugin_library).name)
-    atomic.write_text(repo / "launch.sh", _launch_script(name, cfg, m.backend))
-    (repo / "launch.sh").chmod(0o755)
+    atomic.write_text(launch, _launch_script(name, cfg, m.backend))
+    launch.chmod(0o755)
     return repo / name

@@ -19,14 +19,18 @@ def inspect(bundle, as_json):
     from edgeattn.errors import BundleError
 
     b = open_bundle(bundle, verify=False)
+    failure = None
     try:
         b.manifest.verify_files(b.path)
         integrity = "all files match the manifest"
     except BundleError as exc:
+        failure = exc
         integrity = f"INTEGRITY FAILURE: {exc}"
     if as_json:
         click.echo(b.manifest.to_json(), nl=False)
-        return
-    console = Console()
-    console.print(Markdown(b.report.read_text(encoding="utf-8") if b.report.exists() else "(no report)"))
-    console.print(f"\nfiles: {len(b.manifest.files)}; {integrity}")
+    else:
+        console = Console()
+        console.print(Markdown(b.report.read_text(encoding="utf-8") if b.report.exists() else "(no report)"))
+        console.print(f"\nfiles: {len(b.manifest.files)}; {integrity}")
+    if failure is not None:
+        raise failure
