@@ -70,7 +70,7 @@ def test_tampered_bundle(tiny_onnx, runner, command):
                        "report.md does not match the manifest")
     else:
         result = runner.invoke(cli, ["inspect", str(bundle)])
-        assert result.exit_code == 0 and "INTEGRITY FAILURE" in result.stdout
+        assert result.exit_code == 3 and "INTEGRITY FAILURE" in result.stdout
 
 
 def test_not_a_bundle(tmp_path, runner):
