@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from edgeattn.attention.reference import windowed_attention_torch
-from edgeattn.plugins import triton_attention as ta
+from edgeattn.plugins.kernels import triton_attention as ta
 
 DT = torch.bfloat16
 PREFILL_SHAPES = [(4, 16, 8192, 64), (4, 16, 8192, 128), (1, 32, 32768, 128)]  # B, H, S, D
@@ -90,7 +90,7 @@ def correctness() -> float:
                 worst = max(worst, err)
             print(f"  check {str(dtype)[6:]:8} b={b} h={h}/{hk} s_q={sq} s_k={sk} d={d} w={w} sinks={sinks} "
                   f"{'causal' if causal else 'bidir'}{' pad' if pad else ''}: max abs err {err:.2e}", flush=True)
-    import edgeattn.plugins.torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention
+    import edgeattn.plugins.kernels.torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention
 
     q = torch.randn(2, 8, 1001, 64, device="cuda", dtype=DT)
     k, v = (torch.randn(2, 2, 1001, 64, device="cuda", dtype=DT) for _ in range(2))
@@ -315,7 +315,7 @@ def sweep_hopper(budget_s: float) -> dict:
             out_best[d][w] = dict(tile=r["tile"], hopper=r["hopper"], ms=r["ms"][str(w)], name=r["name"])
             gain = f", {base['ms'][str(w)] / r['ms'][str(w)]:.2f}x the default kernel" if base else ""
             print(f"  best d={d} window={w or 'full'}: {r['name']} {r['ms'][str(w)]:.3f} ms{gain}", flush=True)
-    print("  PREFILL_WINDOW_TABLE rows (plugins/triton_attention.py) from this sweep:")
+    print("  PREFILL_WINDOW_TABLE rows (plugins/kernels/triton_attention.py) from this sweep:")
     for d, per in out_best.items():
         rows = [(w, tuple(c["tile"]), c["hopper"]) for w, c in sorted(per.items(), key=lambda x: x[0] or 1 << 30)]
         print(f"    (90, {d}): {rows},")

@@ -1,4 +1,4 @@
-"""Step time of the 2:4 distillation fine-tune (edgeattn.quantize.sparsity_finetune) by batch size.
+"""Step time of the 2:4 distillation fine-tune (edgeattn.quantize.sparsity.finetune) by batch size.
 
     python benchmarks/finetune_speed.py --device cuda [--bf16]
 
@@ -17,8 +17,8 @@ import time
 import torch
 import transformers
 
-from edgeattn.quantize.sparsity import sparsify_
-from edgeattn.quantize.sparsity_finetune import FinetuneConfig, distill_
+from edgeattn.quantize.sparsity.masks import sparsify_
+from edgeattn.quantize.sparsity.finetune import FinetuneConfig, distill_
 
 SHAPES = {"encoder": [(128, 48), (256, 48), (512, 48)], "decoder": [(32, 256), (64, 256), (32, 512)]}
 

@@ -105,7 +105,7 @@ def run_speed(repeats: int = 12, rounds: int = 7) -> dict:
     import onnxruntime as ort
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from edgeattn.build import BuildConfig, build
+    from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.export import export_hf
 
     qdq = WORK / "minilm-w8a8.qdq.onnx"

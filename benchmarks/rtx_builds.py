@@ -72,7 +72,7 @@ def ort_quantized(work: Path) -> list[tuple[str, Path, str]]:
 
 
 def build_one(name: str, onnx_path: Path, precision: str, out_dir: Path, seq: tuple[int, int, int]) -> dict:
-    from edgeattn.build import BuildConfig, build
+    from edgeattn.bundle.build import BuildConfig, build
 
     start = time.perf_counter()
     bundle = build(onnx_path, BuildConfig(target="rtx", precision=precision, out=out_dir / f"{name}.edgeattn",

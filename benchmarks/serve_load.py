@@ -65,7 +65,7 @@ def client_inputs(bundle, clients: int, seq: int) -> list[dict[str, np.ndarray]]
 
 
 def references(bundle, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    from edgeattn.runtime.backend import open_backend
+    from edgeattn.runtime.backends import open_backend
 
     backend = open_backend(bundle)
     backend.activate()
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.clients, args.requests, args.rounds, args.seq) < 1:
         parser.error("--clients, --requests, --rounds and --seq must be >= 1")
 
-    from edgeattn.bundle import open_bundle
+    from edgeattn.bundle.folder import open_bundle
 
     bundle = open_bundle(args.bundle)
     model = bundle.manifest.name

@@ -23,8 +23,8 @@ import torch
 from edgeattn import hf_models
 from edgeattn.quantize.data import polarity_sentences
 from edgeattn.quantize.data import sentences as data_sentences
-from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
-from edgeattn.quantize.sparsity_finetune import FinetuneConfig, distill_, read_texts, text_batches
+from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
+from edgeattn.quantize.sparsity.finetune import FinetuneConfig, distill_, read_texts, text_batches
 
 HELD_OUT_DOCS = 30
 
@@ -188,7 +188,7 @@ def main() -> None:
         rel = figures["2:4 + fine-tune"]["perplexity"] / figures["dense fp32"]["perplexity"] - 1
         print(f"perplexity change: {rel:+.1%} (target <= +25%)")
     if args.qat:
-        from edgeattn.quantize.sparsity_qat import qat_after_sparsity
+        from edgeattn.quantize.sparsity.qat import qat_after_sparsity
 
         student.cpu()  # quantize_ and calibrate run on the CPU; distillation moves both models to CUDA if present
         dense.cpu()

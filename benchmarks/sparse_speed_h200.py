@@ -6,7 +6,7 @@ otherwise): it runs on the lent H200 where edgeattn is not installed.
     python benchmarks/sparse_speed_h200.py --out sparse_speed.json [--shapes shapes.json] [--tokens 128,512]
 
 Prints one table (dense vs sparse time per shape and token count, fp16 and int8) and writes JSON that
-`edgeattn.quantize.sparsity_speed.load_table` reads (copy it over quantize/sparse_speed.json).
+`edgeattn.quantize.sparsity.speed.load_table` reads (copy it over quantize/sparsity/speed_table.json).
 `--shapes` takes a JSON list of {"model", "layer", "N", "K"} (N = out_features, K = in_features).
 """
 

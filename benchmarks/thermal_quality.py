@@ -14,7 +14,7 @@ import json
 import time
 from importlib import resources
 
-from edgeattn.runtime.thermal.quality import DEFAULT_TABLE, load_table, measure_perplexity
+from edgeattn.runtime.thermal.offline.quality import DEFAULT_TABLE, load_table, measure_perplexity
 
 
 def show(table) -> None:

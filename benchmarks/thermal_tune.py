@@ -13,11 +13,11 @@ import argparse
 import time
 
 from edgeattn.runtime.thermal.policies import StepPolicy
-from edgeattn.runtime.thermal.quality import load_table
-from edgeattn.runtime.thermal.simulate import simulate
-from edgeattn.runtime.thermal.simulated_device import RCModel
-from edgeattn.runtime.thermal.tune import TuneConfig, tune
-from edgeattn.runtime.thermal.workload import PRESETS
+from edgeattn.runtime.thermal.offline.quality import load_table
+from edgeattn.runtime.thermal.offline.simulate import simulate
+from edgeattn.runtime.thermal.offline.simulated_device import RCModel
+from edgeattn.runtime.thermal.offline.tune import TuneConfig, tune
+from edgeattn.runtime.thermal.offline.workload import PRESETS
 
 MODEL = RCModel(r_c_per_w=2.0, c_j_per_c=60.0, ambient_c=25.0)  # as fitted in a 25 C room
 STEP = StepPolicy(levels=(1.0, 0.5, 0.25), thresholds_c=(75.0, 85.0), hysteresis_c=3.0, min_hold_s=10.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeattn.bundle import open_bundle
+from edgeattn.bundle.folder import open_bundle
 from edgeattn.errors import ConfigError
 from edgeattn.sample_inputs import make_inputs
 
@@ -77,7 +77,7 @@ def _sizes(manifest, config: BenchConfig) -> dict[str, int]:
 
 def run(bundle_path: str | Path, config: BenchConfig = BenchConfig()) -> BenchResult:
     """Verify the bundle, then time `infer` on fixed inputs."""
-    from edgeattn.runtime.backend import open_backend
+    from edgeattn.runtime.backends import open_backend
 
     bundle = open_bundle(bundle_path)
     m = bundle.manifest

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from edgeattn.attention.reference import windowed_attention_np  # noqa: E402
-from edgeattn.plugins import triton_attention as ta  # noqa: E402
+from edgeattn.plugins.kernels import triton_attention as ta  # noqa: E402
 
 # name: (b, h, h_kv, s_q, s_k, d, window, sinks, causal, pad)
 CASES = {

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from edgeattn.attention.reference import windowed_attention_np  # noqa: E402
-from edgeattn.plugins import triton_attention as ta  # noqa: E402
+from edgeattn.plugins.kernels import triton_attention as ta  # noqa: E402
 
 TILE = (16, 16, 4, 2)  # small tiles so that tiny shapes still cross several blocks
 

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from onnx_fixtures import tiny_model
 
 
@@ -52,7 +52,7 @@ def wait_ready(client, timeout: float = 30.0) -> None:
 
 def direct(bundle, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The bundle run directly, without the server: the reference."""
-    from edgeattn.runtime.backend import open_backend
+    from edgeattn.runtime.backends import open_backend
 
     backend = open_backend(bundle)
     backend.activate()

@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import pytest
 
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from onnx_fixtures import requires_torch
 
 pytestmark = requires_torch

@@ -8,11 +8,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edgeattn.build import BuildConfig, build
-from edgeattn.bundle import open_bundle
+from edgeattn.bundle.build import BuildConfig, build
+from edgeattn.bundle.folder import open_bundle
 from edgeattn.cli.main import cli
 from edgeattn.errors import BundleError, ConfigError
-from edgeattn.manifest import sha256_file
+from edgeattn.bundle.manifest import sha256_file
 from edgeattn.sample_inputs import make_inputs
 
 
@@ -50,7 +50,7 @@ def test_failed_build_keeps_previous_bundle(tiny_onnx: Path, monkeypatch):
     def explode(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("edgeattn.engine_onnxruntime.build_artifact", explode)
+    monkeypatch.setattr("edgeattn.engines.onnxruntime.build_artifact", explode)
     with pytest.raises(KeyboardInterrupt):
         build(tiny_onnx, BuildConfig(target="cpu"))
     assert (bundle.path / "manifest.json").read_text() == before
@@ -58,7 +58,7 @@ def test_failed_build_keeps_previous_bundle(tiny_onnx: Path, monkeypatch):
 
 
 def test_interrupted_first_build_leaves_nothing(tiny_onnx: Path, monkeypatch):
-    monkeypatch.setattr("edgeattn.engine_onnxruntime.build_artifact",
+    monkeypatch.setattr("edgeattn.engines.onnxruntime.build_artifact",
                         lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         build(tiny_onnx, BuildConfig(target="cpu"))
@@ -66,7 +66,7 @@ def test_interrupted_first_build_leaves_nothing(tiny_onnx: Path, monkeypatch):
 
 
 def test_parity_failure_fails_the_build(tiny_onnx: Path, monkeypatch):
-    import edgeattn.parity as parity
+    import edgeattn.bundle.parity as parity
 
     real = parity.compare
     monkeypatch.setattr(parity, "compare", lambda *a, **k: {**real(*a, **k), "max_abs_diff": 1.0})
@@ -114,7 +114,7 @@ def test_inspect_shows_report(tiny_onnx: Path, runner):
 
 
 def test_manifest_round_trips(tiny_onnx: Path):
-    from edgeattn.manifest import Manifest
+    from edgeattn.bundle.manifest import Manifest
 
     m = build(tiny_onnx, BuildConfig(target="cpu")).manifest
     again = Manifest.from_json(m.to_json())

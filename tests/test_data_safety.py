@@ -15,11 +15,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-from edgeattn.build import BuildConfig, build
-from edgeattn.bundle import open_bundle
+from edgeattn.bundle.build import BuildConfig, build
+from edgeattn.bundle.folder import open_bundle
 from edgeattn.cli.main import cli
 from edgeattn.errors import BundleError
-from edgeattn.manifest import sha256_file
+from edgeattn.bundle.manifest import sha256_file
 from onnx_fixtures import tiny_model
 
 
@@ -77,11 +77,11 @@ def test_a_killed_build_leaves_staging_that_the_next_build_cleans(tmp_path, tiny
     out = tmp_path / "b"
     script = textwrap.dedent(f"""
         import os, signal
-        import edgeattn.engine_onnxruntime as e
+        import edgeattn.engines.onnxruntime as e
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
         e.build_artifact = die
-        from edgeattn.build import BuildConfig, build
+        from edgeattn.bundle.build import BuildConfig, build
         build({str(tiny_onnx)!r}, BuildConfig(target="cpu", out=__import__("pathlib").Path({str(out)!r})))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True)

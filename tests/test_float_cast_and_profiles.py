@@ -9,12 +9,12 @@ import onnxruntime as ort
 import pytest
 
 import trt_fixtures as fx
-from edgeattn import trt_layers
+from edgeattn.engines.tensorrt import layers as trt_layers
 from edgeattn.errors import BuildError
-from edgeattn.float_cast import cast_float_parts
+from edgeattn.engines.tensorrt.float_cast import cast_float_parts
 from edgeattn.onnx_model import TensorSpec
 from edgeattn.shapes import ShapePlan
-from edgeattn.trt_profiles import dim_profiles, input_shapes, split_range
+from edgeattn.engines.tensorrt.profiles import dim_profiles, input_shapes, split_range
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from onnx_fixtures import requires_minilm, requires_torch
 
 pytestmark = requires_torch
@@ -78,7 +78,7 @@ def test_fused_model_follows_the_window_like_the_torch_swap(exported, tmp_path, 
     import torch
 
     from edgeattn.attention.hf_attention import WINDOW_KWARG, use_windowed_attention
-    from edgeattn.runtime.onnxruntime_backend import OnnxRuntimeBackend
+    from edgeattn.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     path, model, kind = exported(family, variant)
     bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b", seq=(1, 24, 64), parity=False))

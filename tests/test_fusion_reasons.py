@@ -6,7 +6,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.errors import StrictModeError
 from edgeattn.passes import PassContext
 from edgeattn.passes.fuse_attention import FuseAttention

@@ -56,9 +56,9 @@ def test_prefill_parameters_follow_the_tensorrt_order(built):
 
 
 def test_tensorrt_variant_compiles_attributes_in_and_launch_rule():
-    from edgeattn.plugins.aot import prefill_launch
-    from edgeattn.plugins.trt_aot_plugin import launch_for, variant_for
-    from edgeattn.plugins.aot import compile_variant
+    from edgeattn.plugins.kernels.aot import prefill_launch
+    from edgeattn.plugins.tensorrt.aot import launch_for, variant_for
+    from edgeattn.plugins.kernels.aot import compile_variant
 
     kernel = compile_variant(variant_for("fp16", 64, causal=1, sinks=4, scale=0.0), "sm_87", ptx_version=85)
     assert "sinks" not in kernel.params and "sm_scale" not in kernel.params  # attributes are constants
@@ -86,7 +86,7 @@ def test_unmatched_only_is_a_user_error(runner, tmp_path):
 @pytest.mark.skipif(has("tensorrt"), reason="full TensorRT is installed: registration would succeed")
 def test_tensorrt_plugin_without_tensorrt_says_how_to_install():
     from edgeattn.errors import MissingDependencyError
-    from edgeattn.plugins.trt_aot_plugin import register
+    from edgeattn.plugins.tensorrt.aot import register
 
     with pytest.raises(MissingDependencyError, match="install TensorRT from JetPack"):
         register()
@@ -94,7 +94,7 @@ def test_tensorrt_plugin_without_tensorrt_says_how_to_install():
 
 def test_compile_variant_takes_any_arch_name_for_other_launchers():
     from edgeattn.errors import ConfigError
-    from edgeattn.plugins.aot import KernelVariant, compile_variant
+    from edgeattn.plugins.kernels.aot import KernelVariant, compile_variant
 
     kernel = compile_variant(KernelVariant("decode_reduce", "fp16", 64), "sm_89")  # an RTX (Ada) GPU
     assert ".target sm_89" in kernel.ptx and kernel.arch == "sm_89"

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="needs a C
 def test_bf16_real_shapes(s_q, s_k, window, sinks, causal):
     import torch
 
-    import edgeattn.plugins.torch_ops  # noqa: F401
+    import edgeattn.plugins.kernels.torch_ops  # noqa: F401
     from edgeattn.attention.reference import windowed_attention_torch
 
     torch.manual_seed(0)
@@ -58,7 +58,7 @@ def test_hopper_prefill_variants_bf16(variant, tile):
     import torch
 
     from edgeattn.attention.reference import windowed_attention_torch
-    from edgeattn.plugins import triton_attention as ta
+    from edgeattn.plugins.kernels import triton_attention as ta
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors need sm_90+")

@@ -50,7 +50,7 @@ def test_misaligned_descriptors_fall_back_with_a_reason(errors):
 
 def test_window_table_picks_by_window(monkeypatch):
     from edgeattn.errors import ConfigError
-    from edgeattn.plugins import triton_attention as ta
+    from edgeattn.plugins.kernels import triton_attention as ta
 
     monkeypatch.setattr(ta, "PREFILL_WINDOW_TABLE", {
         (90, 128): [(512, (64, 64, 4, 3), {"desc": True}), (0, (128, 128, 8, 2), {"loop_stages": 3})],
@@ -71,7 +71,7 @@ def test_hopper_auto_keeps_the_default_kernel_off_cuda(monkeypatch):
     import torch
 
     from edgeattn.errors import InputError
-    from edgeattn.plugins import triton_attention as ta
+    from edgeattn.plugins.kernels import triton_attention as ta
 
     launched = []
     monkeypatch.setattr(ta, "PREFILL_HOPPER", {90: {"desc": True}})

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.skipif(not has("torch"), reason="ne
 def op():
     import torch
 
-    import edgeattn.plugins.torch_ops  # noqa: F401  registers the op
+    import edgeattn.plugins.kernels.torch_ops  # noqa: F401  registers the op
 
     return torch.ops.edgeattn.windowed_attention
 

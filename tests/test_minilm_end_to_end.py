@@ -4,7 +4,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from onnx_fixtures import requires_minilm, requires_torch
 
 

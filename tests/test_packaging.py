@@ -18,7 +18,7 @@ def test_help_imports_nothing_heavy():
 
 
 def test_runtime_imports_nothing_heavy():
-    code = ("import sys, edgeattn.runtime.backend, edgeattn.runtime.onnxruntime_backend, edgeattn.bench\n"
+    code = ("import sys, edgeattn.runtime.backends, edgeattn.runtime.backends.onnxruntime, edgeattn.bench\n"
             "import edgeattn.runtime.server.app, edgeattn.runtime.server.runner, edgeattn.cli.serve_cmd\n"
             "import edgeattn.cli.window_cmd\n"
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")

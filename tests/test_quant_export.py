@@ -127,7 +127,7 @@ def test_onnx_runtime_matches_the_torch_fake_quant_model(exported, name):
 
 
 def test_cpu_build_lowers_int8_matmuls_and_keeps_the_result(exported, tmp_path):
-    from edgeattn.build import BuildConfig, build
+    from edgeattn.bundle.build import BuildConfig, build
 
     path, model, kind = exported["bert-w8a8"]
     bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b.edgeattn", batch=(1, 2, 4), seq=(1, 8, 16)))

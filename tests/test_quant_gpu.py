@@ -27,7 +27,7 @@ def test_qat_on_cuda_keeps_two_four_zeros_and_exports(tmp_path):
     from edgeattn.quantize import DistillConfig, W8A8Config, calibrate, distill, quantize_
     from edgeattn.quantize.api import scale_parameters
     from edgeattn.quantize.qdq_export import export_qdq
-    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
     from quant_models import tiny_bert, token_batch
 
     model = tiny_bert(0)
@@ -54,7 +54,7 @@ def test_calibrated_pruning_on_cuda_matches_the_cpu(method):
     """Grams, OBS updates and (sequential) block re-runs on the GPU give the CPU's masks and weights."""
     import torch
 
-    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
     from tests.quant_models import tiny_llama, token_batch
 
     torch.backends.cuda.matmul.allow_tf32 = False

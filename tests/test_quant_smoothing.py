@@ -33,7 +33,7 @@ def test_groups_of_a_llama_block_and_none_for_bert():
 
 
 def test_smoothing_keeps_two_four_zeros():
-    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
 
     model = tiny_llama(0)
     sparsify_(model, SparsityConfig(policy="all", method="magnitude"))

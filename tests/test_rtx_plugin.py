@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from edgeattn import tensorrt_adapter
+from edgeattn.engines.tensorrt import adapter as tensorrt_adapter
 from onnx_fixtures import has
 
 pytestmark = [pytest.mark.rtx, pytest.mark.skipif(not has("tensorrt_rtx"), reason="needs tensorrt-rtx")]
 
 CODE = r"""
 import json, numpy as np, tensorrt_rtx as trt
-from edgeattn.plugins.rtx_plugin import register, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from edgeattn.plugins.tensorrt.rtx import register, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 assert register(trt) and register(trt)  # idempotent
 creator = trt.get_plugin_registry().get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
 fields = trt.PluginFieldCollection([

@@ -30,7 +30,7 @@ def _model():
 def test_mask_keeps_two_largest_of_every_four():
     import torch
 
-    from edgeattn.quantize.sparsity import is_two_four, kept_magnitude, two_four_mask
+    from edgeattn.quantize.sparsity.masks import is_two_four, kept_magnitude, two_four_mask
 
     w = torch.randn(8, 16, dtype=torch.float64)
     mask = two_four_mask(w)
@@ -42,7 +42,7 @@ def test_mask_keeps_two_largest_of_every_four():
 
 
 def test_sparsify_prunes_eligible_layers_and_reports_skipped():
-    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
 
     model = _model()
     report = sparsify_(model, SparsityConfig(skip=("4",)))
@@ -58,7 +58,7 @@ def test_sparsify_prunes_eligible_layers_and_reports_skipped():
 def test_masked_entries_get_zero_gradient_and_stay_zero_through_training():
     import torch
 
-    from edgeattn.quantize.sparsity import is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity.masks import is_two_four, masked_layers, sparsify_
 
     model = _model()
     sparsify_(model)
@@ -78,7 +78,7 @@ def test_fake_quantized_weights_keep_the_zeros():
     """QAT's fake quantizer reads module.weight: symmetric int8 per-channel keeps zeros, grads stay masked."""
     import torch
 
-    from edgeattn.quantize.sparsity import is_two_four, sparsify_
+    from edgeattn.quantize.sparsity.masks import is_two_four, sparsify_
 
     model = _model()
     sparsify_(model)
@@ -95,7 +95,7 @@ def test_fake_quantized_weights_keep_the_zeros():
 def test_strip_masks_bakes_the_masked_weight_into_a_copy():
     import torch
 
-    from edgeattn.quantize.sparsity import has_mask, reapply_existing_masks_, sparsify_, strip_masks
+    from edgeattn.quantize.sparsity.masks import has_mask, reapply_existing_masks_, sparsify_, strip_masks
 
     model = _model()
     pruned = sparsify_(model).pruned
@@ -109,7 +109,7 @@ def test_strip_masks_bakes_the_masked_weight_into_a_copy():
 def test_tied_embedding_weight_is_not_pruned():
     import torch
 
-    from edgeattn.quantize.sparsity import sparsify_
+    from edgeattn.quantize.sparsity.masks import sparsify_
 
     emb, head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10, bias=False)
     head.weight = emb.weight
@@ -120,8 +120,8 @@ def test_tied_embedding_weight_is_not_pruned():
 def test_calibrated_pruning_beats_plain_masking_on_correlated_inputs():
     import torch
 
-    from edgeattn.quantize.sparsity import is_two_four, two_four_mask
-    from edgeattn.quantize.sparsity_calibrate import prune_two_four
+    from edgeattn.quantize.sparsity.masks import is_two_four, two_four_mask
+    from edgeattn.quantize.sparsity.calibrate import prune_two_four
 
     torch.manual_seed(0)
     x = torch.randn(400, 4) @ torch.randn(4, 32) + 0.1 * torch.randn(400, 32)  # correlated channels
@@ -137,8 +137,8 @@ def test_calibrated_pruning_beats_plain_masking_on_correlated_inputs():
 def test_permutation_search_raises_kept_magnitude():
     import torch
 
-    from edgeattn.quantize.sparsity import kept_magnitude
-    from edgeattn.quantize.sparsity_permute import search_permutation
+    from edgeattn.quantize.sparsity.masks import kept_magnitude
+    from edgeattn.quantize.sparsity.permute import search_permutation
 
     w = torch.full((4, 16), 0.01)
     w[:, :4] = 1.0  # all large weights in one group: 2:4 must drop half of them
@@ -150,7 +150,7 @@ def test_permutation_search_raises_kept_magnitude():
 def test_ffn_pair_permutation_preserves_the_function():
     import torch
 
-    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, sparsify_
 
     torch.manual_seed(0)
     block = torch.nn.ModuleDict({"intermediate": torch.nn.ModuleDict({"dense": torch.nn.Linear(8, 32)}),
@@ -171,7 +171,7 @@ def test_ffn_pair_permutation_preserves_the_function():
 
 def test_speed_table_decides_from_measurements_and_falls_back_to_the_rule(tmp_path):
     from edgeattn.errors import ConfigError
-    from edgeattn.quantize.sparsity_speed import RULE_MIN_MACS, load_table
+    from edgeattn.quantize.sparsity.speed import RULE_MIN_MACS, load_table
 
     table = load_table()  # the packaged H200 measurement
     small = table.decide(384, 384, 2048, "fp16")
@@ -196,7 +196,7 @@ def test_speed_table_decides_from_measurements_and_falls_back_to_the_rule(tmp_pa
 def test_speed_policy_prunes_only_where_the_target_gains(tmp_path):
     import torch
 
-    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, sparsify_
 
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"rows": [
@@ -212,14 +212,14 @@ def test_speed_policy_prunes_only_where_the_target_gains(tmp_path):
 
 def test_config_validation():
     from edgeattn.errors import ConfigError
-    from edgeattn.quantize.sparsity import SparsityConfig
+    from edgeattn.quantize.sparsity.masks import SparsityConfig
 
     with pytest.raises(ConfigError, match="policy"):
         SparsityConfig(policy="some")
     with pytest.raises(ConfigError, match="speed_table"):
         SparsityConfig(speed_table="/nonexistent.json")
     with pytest.raises(ConfigError, match="calibration"):
-        from edgeattn.quantize.sparsity import sparsify_
+        from edgeattn.quantize.sparsity.masks import sparsify_
 
         sparsify_(_model(), SparsityConfig(method="calibrated"))
 
@@ -229,8 +229,8 @@ def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch)
     100 s budget (60 s + 80 steps), not stop at the 50 steps that the first 30 step times predict."""
     import types
 
-    from edgeattn.quantize import sparsity_finetune as ft
-    from edgeattn.quantize.sparsity import sparsify_
+    from edgeattn.quantize.sparsity import finetune as ft
+    from edgeattn.quantize.sparsity.masks import sparsify_
     from tests.quant_models import tiny_llama, token_batch
 
     clock = [0.0]
@@ -253,7 +253,7 @@ def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch)
 
 
 def test_learning_rate_warms_up_then_decays_to_zero_by_progress():
-    from edgeattn.quantize.sparsity_finetune import FinetuneConfig, _fraction_done, lr_factor
+    from edgeattn.quantize.sparsity.finetune import FinetuneConfig, _fraction_done, lr_factor
 
     assert lr_factor(0, 0.0) == pytest.approx(0.1) and lr_factor(9, 0.0) == 1.0
     assert lr_factor(500, 0.75) == pytest.approx(0.25) and lr_factor(500, 1.0) == 0.0
@@ -277,8 +277,8 @@ def test_sequential_pruning_walks_blocks_and_stages(arch):
 
     import torch
 
-    from edgeattn.quantize.sparsity import SparsityConfig, is_two_four, masked_layers, sparsify_
-    from edgeattn.quantize.sparsity_sequential import _capture_block_inputs, _stages, find_blocks
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.quantize.sparsity.sequential import _capture_block_inputs, _stages, find_blocks
     from tests.quant_models import tiny_bert, tiny_llama
 
     dense = tiny_llama() if arch == "llama" else tiny_bert()
@@ -309,7 +309,7 @@ def test_sequential_pruning_needs_blocks():
     import torch
 
     from edgeattn.errors import ModelError
-    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, sparsify_
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     with pytest.raises(ModelError, match="ModuleList of transformer blocks"):
@@ -321,7 +321,7 @@ def test_encoder_batches_equal_the_tokenizers_own_padding(tmp_path):
     import torch
     import transformers
 
-    from edgeattn.quantize.sparsity_finetune import FinetuneConfig, text_batches
+    from edgeattn.quantize.sparsity.finetune import FinetuneConfig, text_batches
     from tests.quant_models import save_tiny_bert
 
     tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))
@@ -346,7 +346,7 @@ def test_encoder_batches_grouped_by_length_cover_the_pool_with_less_padding(tmp_
     import torch
     import transformers
 
-    from edgeattn.quantize.sparsity_finetune import FinetuneConfig, text_batches
+    from edgeattn.quantize.sparsity.finetune import FinetuneConfig, text_batches
     from tests.quant_models import save_tiny_bert
 
     tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))

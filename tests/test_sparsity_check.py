@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.cli.main import cli
 from edgeattn.passes import PassContext
 from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY, CheckSparsity, check_model, groups_ok

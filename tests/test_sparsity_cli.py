@@ -76,7 +76,7 @@ def test_sparsify_sequential_and_device_checks(tiny_bert_dir, tmp_path, runner):
 
     from edgeattn.cli.main import cli
     from edgeattn.errors import ConfigError
-    from edgeattn.quantize.sparsity_pipeline import SparsifyJob
+    from edgeattn.quantize.sparsity.pipeline import SparsifyJob
 
     out = tmp_path / "seq.onnx"
     result = runner.invoke(cli, ["sparsify", "--model", str(tiny_bert_dir), "--out", str(out), "--method",

@@ -18,8 +18,8 @@ def exported(tmp_path_factory):
     import torch
     import transformers
 
-    from edgeattn.quantize.sparsity import SparsityConfig, sparsify_
-    from edgeattn.quantize.sparsity_pipeline import export_masked
+    from edgeattn.quantize.sparsity.masks import SparsityConfig, sparsify_
+    from edgeattn.quantize.sparsity.pipeline import export_masked
 
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,

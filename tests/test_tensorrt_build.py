@@ -1,6 +1,6 @@
 """Real engine builds with TensorRT for RTX on the CPU (and full TensorRT where it is installed).
 
-Each engine build runs in its own process (edgeattn.tensorrt_worker). The `tensorrt` cases need full
+Each engine build runs in its own process (edgeattn.engines.tensorrt.worker). The `tensorrt` cases need full
 TensorRT and a GPU, and skip with the reason otherwise.
 """
 
@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 import trt_fixtures as fx
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.cli.main import cli
 from edgeattn.errors import BuildError, StrictModeError
 from edgeattn.targets import detect_gpu

@@ -14,10 +14,10 @@ import onnx
 import pytest
 
 import trt_fixtures as fx
-from edgeattn.build import BuildConfig, build
+from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.errors import RuntimeBackendError
-from edgeattn.runtime.backend import open_backend
-from edgeattn.runtime.tensorrt_backend import TensorRTBackend, cuda_device
+from edgeattn.runtime.backends import open_backend
+from edgeattn.runtime.backends.tensorrt import TensorRTBackend, cuda_device
 from onnx_fixtures import has
 
 needs_rtx = pytest.mark.skipif(not has("tensorrt_rtx"), reason="needs tensorrt-rtx")
@@ -43,7 +43,7 @@ def test_open_backend_routes_rtx_bundles(rtx_bundle):
 @needs_rtx
 @pytest.mark.skipif(cuda_device() is not None, reason="checks the refusal on a machine without a GPU")
 def test_activate_without_gpu_refuses_before_loading_anything(rtx_bundle):
-    code = ("import sys\nfrom edgeattn.bundle import open_bundle\nfrom edgeattn.runtime.backend import open_backend\n"
+    code = ("import sys\nfrom edgeattn.bundle.folder import open_bundle\nfrom edgeattn.runtime.backends import open_backend\n"
             f"b = open_backend(open_bundle({str(rtx_bundle.path)!r}))\n"
             "try:\n    b.activate()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
             "print('loaded:', sorted(m for m in sys.modules if m.startswith('tensorrt')))")
@@ -60,7 +60,7 @@ def test_infer_before_activate_and_bad_library(tmp_path):
 
 
 def test_backend_module_imports_nothing_heavy():
-    code = ("import sys, edgeattn.runtime.tensorrt_backend, edgeattn.runtime.backend\n"
+    code = ("import sys, edgeattn.runtime.backends.tensorrt, edgeattn.runtime.backends\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'tensorrt_rtx', 'torch', 'cuda')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

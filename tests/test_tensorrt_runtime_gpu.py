@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeattn.runtime.tensorrt_backend import TensorRTBackend, cuda_device
+from edgeattn.runtime.backends.tensorrt import TensorRTBackend, cuda_device
 from onnx_fixtures import has
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda_device() is None or not has("torch"),
@@ -72,7 +72,7 @@ class _Context:
     def execute_async_v3(self, stream):
         import torch
 
-        from edgeattn.plugins.rtx_plugin import device_view
+        from edgeattn.plugins.tensorrt.rtx import device_view
 
         self.runs += 1
         x = device_view(self.addresses["x"], self.shape, "DataType.FLOAT")
@@ -110,7 +110,7 @@ def test_buffers_profiles_and_cuda_graph_replay(tmp_path):
 def test_plugin_device_views_alias_the_buffer(dtype, trt_type):
     import torch
 
-    from edgeattn.plugins.rtx_plugin import device_view
+    from edgeattn.plugins.tensorrt.rtx import device_view
 
     t = (torch.arange(24, device="cuda") % 3).to(getattr(torch, dtype)).reshape(2, 3, 4)
     view = device_view(t.data_ptr(), (2, 3, 4), trt_type)

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from edgeattn.cli.main import cli
-from edgeattn.runtime.thermal.simulated_device import RCModel
+from edgeattn.runtime.thermal.offline.simulated_device import RCModel
 from thermal_fakes import fake_pynvml
 
 STEP_75_85 = 'kind = "step"\nlevels = [1.0, 0.5, 0.25]\nthresholds_c = [75, 85]\nhysteresis_c = 3\nmin_hold_s = 10\n'

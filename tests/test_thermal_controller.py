@@ -11,7 +11,7 @@ from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.thermal.controller import ThermalController, window_for
 from edgeattn.runtime.thermal.policies import StepPolicy
 from edgeattn.runtime.thermal.readings import Reading
-from edgeattn.runtime.thermal.simulated_device import DevicePower, RCModel, SimulatedDevice
+from edgeattn.runtime.thermal.offline.simulated_device import DevicePower, RCModel, SimulatedDevice
 
 MODEL = RCModel(r_c_per_w=2.0, c_j_per_c=30.0, ambient_c=40.0)  # tau 60 s; full load at full window: 110 C
 

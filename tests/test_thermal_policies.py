@@ -10,7 +10,7 @@ from edgeattn.errors import ConfigError, InputError
 from edgeattn.runtime.thermal.policies import PolicyState, PredictivePolicy, StepPolicy
 from edgeattn.runtime.thermal.policy_file import load_policy, policy_from_dict, save_policy
 from edgeattn.runtime.thermal.readings import Reading
-from edgeattn.runtime.thermal.simulated_device import RCModel
+from edgeattn.runtime.thermal.offline.simulated_device import RCModel
 
 
 def run(policy, temps, dt=1.0, power=20.0, trip=99.0):

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeattn.runtime.thermal.fit import fit_rc
-from edgeattn.runtime.thermal.quality import QualityTable, load_table
-from edgeattn.runtime.thermal.trace import read_trace
+from edgeattn.runtime.thermal.offline.fit import fit_rc
+from edgeattn.runtime.thermal.offline.quality import QualityTable, load_table
+from edgeattn.runtime.thermal.offline.trace import read_trace
 
 DATA = Path(__file__).parent / "data"
 
@@ -38,7 +38,7 @@ def test_quality_interpolates_in_log_window():
 def test_measurement_attention_matches_the_op_reference(window, sinks):
     torch = pytest.importorskip("torch")
     from edgeattn.attention.reference import windowed_attention_np
-    from edgeattn.runtime.thermal.quality import _windowed_attention
+    from edgeattn.runtime.thermal.offline.quality import _windowed_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 6, 11, 8, generator=g)  # q: [B, Hq, S, D]

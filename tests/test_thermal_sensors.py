@@ -7,9 +7,9 @@ import pytest
 from edgeattn.errors import InputError
 from edgeattn.runtime.thermal.faults import FaultConfig, ZoneGuard
 from edgeattn.runtime.thermal.policies import StepPolicy, PolicyState, PredictivePolicy
-from edgeattn.runtime.thermal.sensors_nvml import NvmlSensor
-from edgeattn.runtime.thermal.sensors_replay import ReplaySensor
-from edgeattn.runtime.thermal.sensors_sysfs import SysfsSensor
+from edgeattn.runtime.thermal.sensors.nvml import NvmlSensor
+from edgeattn.runtime.thermal.sensors.replay import ReplaySensor
+from edgeattn.runtime.thermal.sensors.sysfs import SysfsSensor
 from thermal_fakes import fake_pynvml, jetson_tree, set_temp
 
 

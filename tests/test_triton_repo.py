@@ -9,11 +9,11 @@ import onnx
 import pytest
 
 import trt_fixtures as fx
-from edgeattn.build import BuildConfig, build
-from edgeattn.bundle import Bundle
+from edgeattn.bundle.build import BuildConfig, build
+from edgeattn.bundle.folder import Bundle
 from edgeattn.cli.main import cli
 from edgeattn.errors import InputError
-from edgeattn.triton_repo import TritonConfig, export_triton, render_config
+from edgeattn.tritonserver.repository import TritonConfig, export_triton, render_config
 from onnx_fixtures import has
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",

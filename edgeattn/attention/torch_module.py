@@ -52,7 +52,7 @@ def windowed_attention(q, k, v, window, key_padding_mask=None, *, causal: bool =
         return torch.onnx.ops.symbolic(f"{DOMAIN}::{OP_TYPE}", [q, k, v, w, key_padding_mask], attrs,
                                        dtype=q.dtype, shape=q.shape, version=OPSET_VERSION)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        import edgeattn.plugins.torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention (Triton)
+        import edgeattn.plugins.kernels.torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention (Triton)
 
         w = window if isinstance(window, torch.Tensor) else torch.tensor(int(window), dtype=torch.int64)
         if not isinstance(window, torch.Tensor) and int(window) < 0:

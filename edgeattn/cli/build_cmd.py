@@ -37,8 +37,8 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
     """
     from rich.console import Console
 
-    from edgeattn.build import BuildConfig
-    from edgeattn.build import build as run_build
+    from edgeattn.bundle.build import BuildConfig
+    from edgeattn.bundle.build import build as run_build
 
     console = Console(stderr=True)
     config = BuildConfig(target=target, out=out, precision=precision, batch=batch, seq=seq, dims=tuple(dims),

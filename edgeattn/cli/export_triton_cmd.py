@@ -22,7 +22,7 @@ import click
 def export_triton(bundle, repo, name, version, max_batch, no_dynamic_batching, queue_delay_us, preferred_batch,
                   instances, plugin_library):
     """Write a Triton Inference Server model repository for BUNDLE (config.pbtxt, the engine, launch.sh)."""
-    from edgeattn.triton_repo import TritonConfig, export_triton as run
+    from edgeattn.tritonserver.repository import TritonConfig, export_triton as run
 
     cfg = TritonConfig(model_name=name, version=version, max_batch_size=max_batch,
                        dynamic_batching=not no_dynamic_batching, max_queue_delay_us=queue_delay_us,

@@ -15,7 +15,7 @@ def inspect(bundle, as_json):
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from edgeattn.bundle import open_bundle
+    from edgeattn.bundle.folder import open_bundle
     from edgeattn.errors import BundleError
 
     b = open_bundle(bundle, verify=False)

@@ -21,7 +21,7 @@ def kernels():
 @click.option("--ptx-version", type=int, default=None, help="Pin the PTX ISA (e.g. 85 for older Jetson drivers).")
 def compile_cmd(archs: str, out_dir: Path, only: str, ptx_version: int | None):
     """Compile every kernel variant for each arch and write a JSON index."""
-    from edgeattn.plugins.aot import CompileConfig, compile_all
+    from edgeattn.plugins.kernels.aot import CompileConfig, compile_all
 
     config = CompileConfig(out_dir=out_dir, archs=tuple(a.strip() for a in archs.split(",") if a.strip()),
                            only=tuple(p.strip() for p in only.split(",") if p.strip()), ptx_version=ptx_version)

@@ -49,7 +49,7 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
 
     require("aiohttp", "the inference server")
     require("prometheus_client", "the inference server's metrics")
-    from edgeattn.bundle import open_bundle
+    from edgeattn.bundle.folder import open_bundle
     from edgeattn.runtime.live_window import LiveWindow
     from edgeattn.runtime.server.app import create_app
     from edgeattn.runtime.server.runner import serve_forever

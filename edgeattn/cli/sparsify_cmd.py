@@ -43,9 +43,9 @@ import click
 def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
              skip, lr, batch, seq_len, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
-    from edgeattn.quantize.sparsity import SparsityConfig
-    from edgeattn.quantize.sparsity_finetune import FinetuneConfig
-    from edgeattn.quantize.sparsity_pipeline import SIDECAR_SUFFIX, SparsifyJob, run_sparsify
+    from edgeattn.quantize.sparsity.masks import SparsityConfig
+    from edgeattn.quantize.sparsity.finetune import FinetuneConfig
+    from edgeattn.quantize.sparsity.pipeline import SIDECAR_SUFFIX, SparsifyJob, run_sparsify
 
     job = SparsifyJob(
         sparsity=SparsityConfig(policy=policy, method=method, tokens=tokens, gemm_dtype=gemm_dtype,

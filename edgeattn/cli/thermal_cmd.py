@@ -22,7 +22,7 @@ def thermal():
 def record(source, seconds, hz, gpu, out):
     """Record temperature, power, clocks and throttle state to a CSV trace."""
     from edgeattn.runtime.thermal.sensors import open_sensor
-    from edgeattn.runtime.thermal.trace import record as run_record
+    from edgeattn.runtime.thermal.offline.trace import record as run_record
 
     sensor = open_sensor(source, gpu)
     try:
@@ -39,8 +39,8 @@ def record(source, seconds, hz, gpu, out):
 def fit(trace, as_json, out):
     """Identify the first-order RC thermal model (R, C, ambient) from TRACE."""
     from edgeattn import atomic
-    from edgeattn.runtime.thermal.fit import fit_rc
-    from edgeattn.runtime.thermal.trace import read_trace
+    from edgeattn.runtime.thermal.offline.fit import fit_rc
+    from edgeattn.runtime.thermal.offline.trace import read_trace
 
     result = fit_rc(read_trace(trace))
     text = json.dumps(result.to_dict(), indent=None if as_json else 2)
@@ -58,7 +58,7 @@ def fit(trace, as_json, out):
 
 def _model(path: Path):
     from edgeattn.errors import InputError
-    from edgeattn.runtime.thermal.fit import load_model
+    from edgeattn.runtime.thermal.offline.fit import load_model
 
     if not Path(path).is_file():
         raise InputError(f"model {path}: file not found (write one with `edgeattn thermal fit TRACE --out FIT.json`)")
@@ -79,9 +79,9 @@ def _model(path: Path):
 def simulate(model_path, policy_path, workload, quality_path, seed, out):
     """Replay a workload through a policy on the simulated device; plot it and summarize."""
     from edgeattn.runtime.thermal.policy_file import load_policy
-    from edgeattn.runtime.thermal.quality import load_table
-    from edgeattn.runtime.thermal.simulate import simulate as run, write_outputs
-    from edgeattn.runtime.thermal.workload import load_workload
+    from edgeattn.runtime.thermal.offline.quality import load_table
+    from edgeattn.runtime.thermal.offline.simulate import simulate as run, write_outputs
+    from edgeattn.runtime.thermal.offline.workload import load_workload
 
     model, policy, load = _model(model_path), load_policy(policy_path), load_workload(workload)
     result = run(model, policy, load, load_table(quality_path), seed=seed)
@@ -106,10 +106,10 @@ def simulate(model_path, policy_path, workload, quality_path, seed, out):
 def tune(model_path, workload, quality_path, seeds, max_changes_per_min, r_error, quick, out):
     """Search predictive-policy parameters: best quality-weighted throughput with zero trip crossings."""
     from edgeattn.runtime.thermal.policy_file import save_policy
-    from edgeattn.runtime.thermal.quality import load_table
-    from edgeattn.runtime.thermal.tune import TuneConfig
-    from edgeattn.runtime.thermal.tune import tune as run
-    from edgeattn.runtime.thermal.workload import load_workload
+    from edgeattn.runtime.thermal.offline.quality import load_table
+    from edgeattn.runtime.thermal.offline.tune import TuneConfig
+    from edgeattn.runtime.thermal.offline.tune import tune as run
+    from edgeattn.runtime.thermal.offline.workload import load_workload
 
     r_errors = (0.0, r_error) if r_error else (0.0,)
     config = TuneConfig(seeds=tuple(range(seeds)), r_errors=r_errors, max_changes_per_min=max_changes_per_min)
@@ -135,7 +135,7 @@ def tune(model_path, workload, quality_path, seeds, max_changes_per_min, r_error
 def quality(table_path, measure, chunks, out):
     """Show (or measure) the window -> quality table that `tune` uses."""
     from edgeattn import atomic
-    from edgeattn.runtime.thermal.quality import load_table, measure_perplexity
+    from edgeattn.runtime.thermal.offline.quality import load_table, measure_perplexity
 
     table = measure_perplexity(chunks=chunks) if measure else load_table(table_path)
     click.echo(f"{table.model}: {table.metric} per window ({table.sinks} sinks, max window {table.max_window})")

@@ -16,7 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgeattn import __version__
-from edgeattn.bundle import Bundle
+from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, InputError
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.kserve import HEADER_LENGTH, WINDOW_PARAMETER, ProtocolError, encode_response, \

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgeattn.bundle import Bundle
+from edgeattn.bundle.folder import Bundle
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.batcher import DynamicBatcher, Outcome
 from edgeattn.runtime.server.metrics import ServerMetrics
@@ -51,7 +51,7 @@ class ModelRuntime:
 
     def __init__(self, bundle: Bundle, name: str, settings: ServeSettings, window: LiveWindow,
                  metrics: ServerMetrics) -> None:
-        from edgeattn.runtime.backend import open_backend
+        from edgeattn.runtime.backends import open_backend
 
         self.served = ServedModel(name, bundle)
         self.settings = settings

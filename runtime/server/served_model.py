@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgeattn.bundle import Bundle
+from edgeattn.bundle.folder import Bundle
 from edgeattn.onnx_model import TensorSpec
 from edgeattn.runtime.server.kserve import ProtocolError, datatype_of
 

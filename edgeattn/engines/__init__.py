@@ -1,0 +1,1 @@
+"""Engine builders, one per backend: the builder protocol, ONNX Runtime, and TensorRT (full and for RTX)."""

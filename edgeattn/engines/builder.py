@@ -1,0 +1,37 @@
+"""Engine builders, one per backend, chosen by the target's `backend` and loaded lazily."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from edgeattn.errors import TargetError
+
+
+@dataclass
+class ArtifactResult:
+    """What an engine builder produced: the file the runtime loads, and what it knows about it."""
+
+    artifact: str
+    toolchain: dict[str, str]
+    details: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    precision: dict[str, Any] | None = None  # replaces the graph-level summary when the builder knows better
+    parity_possible: bool = True  # False when the artifact cannot run here (no GPU)
+
+
+# builder(model_path, staging_dir, target, config, shape_plan) -> ArtifactResult
+BUILDERS: dict[str, str] = {
+    "onnxruntime": "edgeattn.engines.onnxruntime:build_artifact",
+    "tensorrt_rtx": "edgeattn.engines.tensorrt.builder:build_artifact",
+    "tensorrt": "edgeattn.engines.tensorrt.builder:build_artifact",
+}
+
+
+def builder_for(backend: str) -> Callable[..., ArtifactResult]:
+    try:
+        module, attr = BUILDERS[backend].split(":")
+    except KeyError:
+        raise TargetError(f"no engine builder for backend {backend!r} yet: expected one of {', '.join(BUILDERS)}") from None
+    return getattr(importlib.import_module(module), attr)

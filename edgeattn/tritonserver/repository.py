@@ -1,0 +1,184 @@
+"""`edgeattn export-triton`: a bundle -> a Triton Inference Server model repository.
+
+What serves each kind of bundle:
+- tensorrt (orin / thor / h100): platform `tensorrt_plan`, the engine as `model.plan`; a plugin library
+  (the ahead-of-time attention plugin) is loaded by the server: `--backend-config=tensorrt,plugins=...`
+  (written to `launch.sh`, and recorded in the config's parameters).
+- tensorrt_rtx (rtx): Triton's TensorRT backend links full TensorRT and cannot load TensorRT for RTX
+  engines, and the rtx attention plugin is Python; so the model uses Triton's Python backend, whose
+  `model.py` runs the bundle through `edgeattn.runtime` (the bundle is copied beside it).
+- onnxruntime (cpu): platform `onnxruntime_onnx` with the optimized model (the attention op's ONNX
+  function body runs in ONNX Runtime).
+Dynamic batching is on when every input and output leads with the batch dimension; a scalar input
+(the attention window) rules batching out, and the config says so in a comment.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeattn import atomic
+from edgeattn.bundle.folder import Bundle, open_bundle
+from edgeattn.errors import BundleError, ConfigError, InputError
+from edgeattn.bundle.manifest import check_model_name
+
+TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
+                "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int8": "TYPE_INT8", "uint8": "TYPE_UINT8",
+                "bool": "TYPE_BOOL"}
+
+CONFIG_MARK = "# edgeattn export-triton:"
+LAUNCH_MARK = "(written by edgeattn export-triton)"
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    """How to lay out the model repository. Validated on construction."""
+
+    model_name: str | None = None  # default: the bundle's model name
+    version: int = 1
+    max_batch_size: int | None = None  # None: the bundle's batch maximum; 0: no batching
+    dynamic_batching: bool = True
+    max_queue_delay_us: int = 100
+    preferred_batch_sizes: tuple[int, ...] = ()
+    instances: int = 1
+    plugin_library: Path | None = None  # a TensorRT plugin .so for tensorrt bundles
+
+    def __post_init__(self) -> None:
+        if self.version < 1:
+            raise ConfigError(f"version: expected >= 1, found {self.version}")
+        if self.max_batch_size is not None and self.max_batch_size < 0:
+            raise ConfigError(f"max_batch_size: expected >= 0, found {self.max_batch_size}")
+        if self.instances < 1 or self.max_queue_delay_us < 0:
+            raise ConfigError(f"instances >= 1 and max_queue_delay_us >= 0 expected, found {self.instances} "
+                              f"and {self.max_queue_delay_us}")
+        if self.model_name is not None:
+            try:
+                check_model_name(self.model_name, "model_name")
+            except BundleError as exc:
+                raise ConfigError(str(exc)) from None
+
+
+def _batching(bundle: Bundle, cfg: TritonConfig) -> tuple[int, str]:
+    """(max_batch_size, why) from the manifest: the batch dim must lead every input and output."""
+    m = bundle.manifest
+    kinds = m.sections.get("dimension_kinds", {})
+    if cfg.max_batch_size == 0:
+        return 0, "batching turned off (--max-batch 0)"
+    for spec in m.inputs + m.outputs:
+        if not spec.dims or kinds.get(str(spec.dims[0])) != "batch":
+            return 0, f"no batching: {spec.name} does not lead with the batch dimension (dims {list(spec.dims) or 'scalar'})"
+    batch_dim = str(m.inputs[0].dims[0])
+    limit = m.shape_ranges[batch_dim][2]
+    if cfg.max_batch_size is not None and cfg.max_batch_size > limit:
+        raise InputError(f"--max-batch {cfg.max_batch_size} is above the bundle's batch range (max {limit})")
+    return cfg.max_batch_size or limit, f"batch dimension {batch_dim!r}, range {m.shape_ranges[batch_dim]}"
+
+
+def _tensor(spec, batched: bool) -> list[str]:
+    dims = [d if isinstance(d, int) else -1 for d in (spec.dims[1:] if batched else spec.dims)]
+    lines = [f'    name: "{spec.name}"', f"    data_type: {TRITON_TYPES[spec.dtype]}"]
+    if dims:
+        lines.append(f"    dims: [ {', '.join(map(str, dims))} ]")
+    else:  # a scalar travels as [1] and is reshaped to [] for the model
+        lines += ["    dims: [ 1 ]", "    reshape: { shape: [ ] }"]
+    return lines
+
+
+def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
+    """config.pbtxt text (protobuf text format of inference.ModelConfig)."""
+    m = bundle.manifest
+    max_batch, why = _batching(bundle, cfg)
+    lines = [f"{CONFIG_MARK} {m.name} for target {m.target['name']} ({m.backend})",
+             f"# batching: {why}", f'name: "{name}"']
+    if m.backend == "tensorrt":
+        lines.append('platform: "tensorrt_plan"')
+    elif m.backend == "onnxruntime":
+        lines.append('platform: "onnxruntime_onnx"')
+    else:
+        lines.append('backend: "python"')
+    lines.append(f"max_batch_size: {max_batch}")
+    for key, specs in (("input", m.inputs), ("output", m.outputs)):
+        for spec in specs:
+            lines += [f"{key} {{", *_tensor(spec, max_batch > 0), "}"]
+    if max_batch > 0 and cfg.dynamic_batching:
+        lines.append("dynamic_batching {")
+        preferred = [b for b in cfg.preferred_batch_sizes if b <= max_batch]
+        if preferred:
+            lines.append(f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]")
+        lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
+    kind = "KIND_CPU" if m.backend == "onnxruntime" else "KIND_GPU"
+    lines += ["instance_group {", f"  count: {cfg.instances}", f"  kind: {kind}"]
+    profiles = len(m.sections.get("engine", {}).get("profiles", []))
+    if m.backend == "tensorrt" and profiles > 1:  # let every instance use all of the engine's profiles
+        names = ", ".join(f'"{i}"' for i in range(profiles))
+        lines.append(f"  profile: [ {names} ]")
+    lines.append("}")
+    lines += [f'version_policy: {{ specific: {{ versions: [ {cfg.version} ] }} }}']
+    if cfg.plugin_library is not None:
+        lines += ["parameters {", '  key: "edgeattn_plugin_library"',
+                  f'  value: {{ string_value: "plugins/{Path(cfg.plugin_library).name}" }}', "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _ours(path: Path, mark: str, first_lines: int = 2) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return any(mark in f.readline() for _ in range(first_lines))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _is_exported_model(folder: Path) -> bool:
+    """An earlier export-triton model folder (its config.pbtxt starts with our mark)."""
+    return folder.is_dir() and not folder.is_symlink() and _ours(folder / "config.pbtxt", CONFIG_MARK, 1)
+
+
+def _launch_script(name: str, cfg: TritonConfig, backend: str) -> str:
+    lines = ["#!/usr/bin/env bash", f"# Serve {name} {LAUNCH_MARK}.", 'cd "$(dirname "$0")"']
+    if cfg.plugin_library is not None:
+        lib = f"$PWD/{name}/plugins/{Path(cfg.plugin_library).name}"
+        lines.append("# the TensorRT backend loads the attention plugin library before deserializing the engine")
+        lines.append(f'exec tritonserver --model-repository="$PWD" --backend-config=tensorrt,plugins="{lib}" "$@"')
+    else:
+        if backend == "tensorrt_rtx":
+            lines.append("# Python backend: the server's Python needs edgeattn[rtx] and torch (the attention plugin)")
+        lines.append('exec tritonserver --model-repository="$PWD" "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig = TritonConfig()) -> Path:
+    """Write REPO/<name>/ (config.pbtxt, <version>/<model file>) and REPO/launch.sh; returns the model folder."""
+    bundle = open_bundle(bundle_path)
+    m = bundle.manifest
+    if cfg.plugin_library is not None:
+        if m.backend != "tensorrt":
+            raise InputError(f"--plugin-library is for tensorrt bundles (a C++ plugin for Triton's TensorRT "
+                             f"backend), found a {m.backend} bundle")
+        if not Path(cfg.plugin_library).is_file():
+            raise InputError(f"plugin library not found: {cfg.plugin_library}")
+    name = check_model_name(cfg.model_name or m.name, "model name")  # never a path: it is a folder in REPO
+    repo = Path(repo)
+    launch = repo / "launch.sh"
+    if launch.is_symlink() or (launch.exists() and not _ours(launch, LAUNCH_MARK)):
+        raise InputError(f"{launch} exists and was not written by edgeattn export-triton: refusing to replace it; "
+                         f"choose another --repo or remove it yourself")
+    with atomic.directory(repo / name, owned=_is_exported_model,
+                          what="model folder written by edgeattn export-triton") as staging:
+        (staging / "config.pbtxt").write_text(render_config(bundle, cfg, name), encoding="utf-8")
+        version_dir = staging / str(cfg.version)
+        version_dir.mkdir()
+        if m.backend == "tensorrt":
+            shutil.copy2(bundle.artifact, version_dir / "model.plan")
+        elif m.backend == "onnxruntime":
+            shutil.copy2(bundle.artifact, version_dir / "model.onnx")
+        else:
+            shutil.copytree(bundle.path, version_dir / "bundle")
+            shutil.copy2(Path(__file__).with_name("python_model.py"), version_dir / "model.py")
+        if cfg.plugin_library is not None:
+            (staging / "plugins").mkdir()
+            shutil.copy2(cfg.plugin_library, staging / "plugins" / Path(cfg.plugin_library).name)
+    atomic.write_text(launch, _launch_script(name, cfg, m.backend))
+    launch.chmod(0o755)
+    return repo / name

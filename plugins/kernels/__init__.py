@@ -1,0 +1,1 @@
+"""Windowed-attention kernels in the Triton language, their torch op, and ahead-of-time builds."""

@@ -1,0 +1,250 @@
+"""Ahead-of-time builds of the windowed-attention kernels: PTX + cubin + a JSON index, no GPU needed.
+
+`compile_variant(variant, arch)` is the public entry point the TensorRT plugins use (the AOT
+`tensorrt.plugin` in trt_aot_plugin.py and the TensorRT for RTX IPluginV3 in rtx_plugin.py): it returns
+the PTX, the cubin and the launch metadata (kernel name, threads, shared memory, the runtime parameter
+order, the grid rule). `compile_all(config)` writes every variant for every arch plus `index.json`.
+
+Kernel parameter order (TensorRT AOT convention): input pointers, int32 scalars, output pointers.
+Triton >= 3.3 appends two hidden pointer parameters (global and profile scratch) after them; these
+kernels use no scratch memory, so a launcher may pass null for both (see docs/kernels.md).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgeattn.errors import ConfigError
+
+ARCHS = {"sm_87": 87, "sm_90": 90, "sm_110": 110}
+DTYPES = {"fp16": "*fp16", "bf16": "*bf16"}
+KINDS = ("prefill", "decode_split", "decode_reduce")
+DECODE_BLOCK_M = 16  # AOT decode variants serve GROUP * S_q <= 16 rows per kv head
+DECODE_SPLITS = 16
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One compile-time specialisation of a kernel. `sinks` / `scale` None: left as runtime parameters."""
+
+    kind: str
+    dtype: str
+    head_dim: int
+    causal: bool = True
+    has_pad: bool = False
+    sinks: int | None = None
+    scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"kernel kind: expected one of {KINDS}, found {self.kind!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, found {self.dtype!r}")
+        if self.head_dim not in (16, 32, 64, 128, 256):
+            raise ConfigError(f"head_dim: expected 16, 32, 64, 128 or 256, found {self.head_dim}")
+        if self.sinks is not None and self.sinks < 0:
+            raise ConfigError(f"sinks: expected >= 0, found {self.sinks}")
+
+    @property
+    def name(self) -> str:
+        parts = [self.kind, self.dtype, f"d{self.head_dim}"]
+        if self.kind != "decode_reduce":
+            parts.append("causal" if self.causal else "bidir")
+            if self.has_pad:
+                parts.append("pad")
+        if self.sinks is not None:
+            parts.append(f"s{self.sinks}")
+        if self.scale is not None:
+            parts.append(f"scale{self.scale:g}")
+        return "-".join(parts)
+
+
+def default_variants() -> list[KernelVariant]:
+    """What `edgeattn kernels compile` builds: fp16/bf16 x D 64/128, both masks, decode pair."""
+    out = []
+    for dtype in DTYPES:
+        for d in (64, 128):
+            out += [KernelVariant("prefill", dtype, d, causal=c) for c in (True, False)]
+            out += [KernelVariant("decode_split", dtype, d), KernelVariant("decode_reduce", dtype, d)]
+    return out
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """Which archs and variants to build, and where. `only`: fnmatch patterns over variant names."""
+
+    out_dir: Path
+    archs: tuple[str, ...] = ("sm_87", "sm_90")
+    only: tuple[str, ...] = ()
+    ptx_version: int | None = None
+
+    def __post_init__(self) -> None:
+        bad = [a for a in self.archs if a not in ARCHS]
+        if bad or not self.archs:
+            raise ConfigError(f"--arch: expected a comma list of {', '.join(ARCHS)}, found {','.join(self.archs) or 'nothing'}")
+        if self.ptx_version is not None and not 70 <= self.ptx_version <= 99:
+            raise ConfigError(f"ptx_version: expected an ISA version like 85, found {self.ptx_version}")
+
+    def variants(self) -> list[KernelVariant]:
+        chosen = [v for v in default_variants() if not self.only or any(fnmatch.fnmatch(v.name, p) for p in self.only)]
+        if not chosen:
+            raise ConfigError(f"--only {','.join(self.only)}: expected to match some of {[v.name for v in default_variants()]}, matched none")
+        return chosen
+
+
+@dataclass
+class CompiledKernel:
+    """One compiled kernel: what a launcher needs besides the binary."""
+
+    variant: str
+    arch: str
+    name: str
+    num_warps: int
+    shared: int
+    constexprs: dict
+    params: list[str]  # runtime parameters in order (hidden Triton scratch pointers not listed)
+    grid: str
+    ptx: str = field(repr=False)
+    cubin: bytes = field(repr=False)
+
+    def index_entry(self, ptx_file: str, cubin_file: str) -> dict:
+        row = {k: v for k, v in asdict(self).items() if k not in ("ptx", "cubin")}
+        row.update(ptx=ptx_file, cubin=cubin_file, threads=self.num_warps * 32,
+                   ptx_target=_ptx_target(self.ptx))
+        return row
+
+
+def _ptx_target(ptx: str) -> str:
+    found = re.search(r"^\.target\s+(\S+)", ptx, re.M)
+    return found.group(1).rstrip(",") if found else ""
+
+
+def _kernel_and_constexprs(variant: KernelVariant, arch: int):
+    from edgeattn.plugins.kernels import triton_attention as ta
+
+    if variant.kind == "prefill":
+        bm, bn, warps, stages = ta.prefill_tile(arch, variant.head_dim)
+        const = dict(CAUSAL=variant.causal, HAS_PAD=variant.has_pad, HEAD_DIM=variant.head_dim,
+                     BLOCK_M=bm, BLOCK_N=bn, USE_TMA=False, ONE_LOOP=True)
+        grid = f"(cdiv(S_q, {bm}), B * H, 1)"
+        return ta._windowed_fwd_kernel, const, warps, stages, grid
+    if variant.kind == "decode_split":
+        const = dict(CAUSAL=variant.causal, HAS_PAD=variant.has_pad, HEAD_DIM=variant.head_dim,
+                     BLOCK_M=DECODE_BLOCK_M, BLOCK_N=ta.DECODE_BLOCK_N, SPLITS=DECODE_SPLITS)
+        return ta._windowed_decode_split_kernel, const, 4, 3, f"({DECODE_SPLITS}, B * H_kv, 1)"
+    const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, SPLITS=DECODE_SPLITS)
+    return ta._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
+
+
+def _arch_number(arch: str | int) -> int:
+    """`"sm_87"` / `"sm_90a"` / `90` -> 87 / 90 / 90."""
+    if isinstance(arch, int):
+        return arch
+    found = re.fullmatch(r"sm_(\d+)a?", arch)
+    if not found:
+        raise ConfigError(f"arch: expected a name like sm_87 or a number like 90, found {arch!r}")
+    return int(found.group(1))
+
+
+def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int | None = None) -> CompiledKernel:
+    """Compile one variant for one arch (`"sm_87"`, `90`, ...) with no GPU: PTX, cubin and metadata."""
+    from edgeattn.optional import require
+
+    triton = require("triton", "ahead-of-time kernel builds")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    arch_num = _arch_number(arch)
+    fn, const, warps, stages, grid = _kernel_and_constexprs(variant, arch_num)
+    if not variant.has_pad and "Mask" in fn.arg_names:
+        const.update(Mask=None, stride_mb=0)  # no padding input: the pointer disappears from the signature
+    if variant.sinks is not None and "sinks" in fn.arg_names:
+        const["sinks"] = variant.sinks
+    if variant.scale is not None and "sm_scale" in fn.arg_names:
+        const["sm_scale"] = variant.scale
+    signature, params = {}, []
+    for name in fn.arg_names:
+        if name in const:
+            signature[name] = "constexpr"
+            continue
+        if name in ("Q", "K", "V", "Out"):
+            signature[name] = DTYPES[variant.dtype]
+        elif name == "Window":
+            signature[name] = "*i64"
+        elif name == "Mask":
+            signature[name] = "*i8"
+        elif name.startswith("Part"):
+            signature[name] = "*fp32"
+        elif name == "sm_scale":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+        params.append(name)
+    options = {"num_warps": warps, "num_stages": stages}
+    if ptx_version is not None:
+        options["ptx_version"] = ptx_version
+    kernel = triton.compile(ASTSource(fn, signature, const), target=GPUTarget("cuda", arch_num, 32), options=options)
+    arch_name = arch if isinstance(arch, str) else f"sm_{arch_num}"
+    return CompiledKernel(variant=variant.name, arch=arch_name, name=kernel.metadata.name,
+                          num_warps=kernel.metadata.num_warps, shared=kernel.metadata.shared,
+                          constexprs={k: v for k, v in const.items()}, params=params, grid=grid,
+                          ptx=kernel.asm["ptx"], cubin=bytes(kernel.asm["cubin"]))
+
+
+def _cdiv(x, m: int):
+    return (x + (m - 1)) // m
+
+
+def prefill_launch(kernel: CompiledKernel, q_shape, k_shape) -> tuple[tuple, list]:
+    """Grid and int32 scalar arguments (in `kernel.params` order) of a contiguous prefill launch.
+
+    Shapes may hold ints or symbolic expressions (TensorRT `shape_expr` entries): only +, *, // are used.
+    q_shape: [B, H, S_q, D]; k_shape: [B, H_kv, S_k, D]. Pointers (Q, K, V, Window, Out) are not included:
+    the launcher passes them in the order of `kernel.params`.
+    """
+    if not kernel.variant.startswith("prefill"):
+        raise ConfigError(f"prefill_launch: expected a prefill kernel, found {kernel.variant}")
+    b, h, s_q, d = q_shape
+    _, h_kv, s_k, _ = k_shape
+    q_strides = (h * s_q * d, s_q * d, d)
+    k_strides = (h_kv * s_k * d, s_k * d, d)
+    values = dict(zip(("stride_qb", "stride_qh", "stride_qm"), q_strides))
+    values.update(zip(("stride_kb", "stride_kh", "stride_kn"), k_strides))
+    values.update(zip(("stride_vb", "stride_vh", "stride_vn"), k_strides))
+    values.update(zip(("stride_ob", "stride_oh", "stride_om"), q_strides))
+    values.update(H=h, GROUP=h // h_kv, S_q=s_q, S_k=s_k)
+    scalars = [values[name] for name in kernel.params if name in values]
+    missing = [n for n in kernel.params if n not in values and n not in ("Q", "K", "V", "Window", "Out")]
+    if missing:
+        raise ConfigError(f"prefill_launch: parameters {missing} have no value; compile with sinks and scale fixed")
+    grid = (_cdiv(s_q, kernel.constexprs["BLOCK_M"]), b * h, 1)
+    return grid, scalars
+
+
+def compile_all(config: CompileConfig) -> dict:
+    """Write `<variant>.<arch>.ptx` / `.cubin` for every variant and arch, and `index.json`; returns the index."""
+    from edgeattn import atomic
+
+    import triton
+
+    rows = []
+    with atomic.directory(Path(config.out_dir)) as stage:
+        for arch in config.archs:
+            for variant in config.variants():
+                kernel = compile_variant(variant, arch, ptx_version=config.ptx_version)
+                stem = f"{variant.name}.{arch}"
+                (stage / f"{stem}.ptx").write_text(kernel.ptx)
+                (stage / f"{stem}.cubin").write_bytes(kernel.cubin)
+                rows.append(kernel.index_entry(f"{stem}.ptx", f"{stem}.cubin"))
+        index = {"format": "edgeattn-kernels/1", "triton": triton.__version__, "archs": list(config.archs),
+                 "kernels": rows}
+        (stage / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return index
+
+
+__all__ = ["ARCHS", "CompileConfig", "CompiledKernel", "KernelVariant", "compile_all", "compile_variant",
+           "default_variants", "prefill_launch"]

@@ -1,0 +1,157 @@
+"""`edgeattn::WindowedAttention` as a Python IPluginV3 for TensorRT for RTX (and full TensorRT).
+
+The ONNX parser maps a node `WindowedAttention` (domain `edgeattn`, attribute
+`plugin_namespace="edgeattn"`) to this plugin. Building needs no GPU: the builder only asks the plugin
+for output types, shapes and formats. The plugin classes subclass the bindings of whichever library is
+passed in (`tensorrt_rtx` or `tensorrt`), so one definition serves both.
+
+Run time (NOT run on this project's machines: TensorRT for RTX engines refuse the lent H200, sm_90):
+`enqueue` wraps the device buffers as torch tensors and calls `torch.ops.edgeattn.windowed_attention`
+(the Triton kernels of edgeattn.plugins), which needs Python and torch in the serving process.
+Engines that must run without Python use the ahead-of-time `tensorrt.plugin` form instead.
+
+Loading note: TensorRT for RTX resolves Python plugins through an unversioned `libtensorrt_rtx.so`,
+which the wheel does not ship; `edgeattn.engines.tensorrt.adapter` makes the link and puts it on the
+library path of the build subprocess.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+
+PLUGIN_NAME = "WindowedAttention"
+PLUGIN_NAMESPACE = "edgeattn"
+PLUGIN_VERSION = "1"
+# attribute -> (numpy dtype, default); scale 0 means 1/sqrt(D) (docs/windowed-attention.md)
+FIELDS: dict[str, tuple[type, float]] = {"causal": (np.int32, 1), "sinks": (np.int32, 0), "scale": (np.float32, 0.0)}
+
+_CLASSES: dict[str, tuple[type, type]] = {}
+_CREATORS: dict[str, object] = {}  # registered creators, kept alive for the registry
+
+
+def _field_type(trt: ModuleType, dtype: type):
+    return trt.PluginFieldType.INT32 if dtype is np.int32 else trt.PluginFieldType.FLOAT32
+
+
+def plugin_classes(trt: ModuleType) -> tuple[type, type]:
+    """(plugin class, creator class) bound to `trt` (tensorrt_rtx or tensorrt); made once per library."""
+    if trt.__name__ in _CLASSES:
+        return _CLASSES[trt.__name__]
+
+    class WindowedAttentionPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild,
+                                  trt.IPluginV3OneRuntime):
+        def __init__(self, causal: int = 1, sinks: int = 0, scale: float = 0.0) -> None:
+            trt.IPluginV3.__init__(self)
+            trt.IPluginV3OneCore.__init__(self)
+            trt.IPluginV3OneBuild.__init__(self)
+            trt.IPluginV3OneRuntime.__init__(self)
+            self.num_outputs = 1
+            self.plugin_name, self.plugin_namespace, self.plugin_version = PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self.causal, self.sinks, self.scale = int(causal), int(sinks), float(scale)
+
+        def get_capability_interface(self, kind):
+            return self
+
+        def clone(self):
+            return WindowedAttentionPlugin(self.causal, self.sinks, self.scale)
+
+        # build time
+        def get_output_data_types(self, input_types):
+            return [input_types[0]]  # out has q's dtype
+
+        def get_output_shapes(self, inputs, shape_inputs, expr_builder):
+            return [inputs[0]]  # out: [B, H, S_q, D], like q
+
+        def supports_format_combination(self, pos, in_out, num_inputs):
+            desc = in_out[pos].desc
+            if desc.format != trt.TensorFormat.LINEAR:
+                return False
+            if pos == 3:  # window: int64 scalar
+                return desc.type in (trt.int64, trt.int32)
+            if pos == 4 and num_inputs == 5:  # key_padding_mask
+                return desc.type in (trt.bool, trt.int64, trt.int32)
+            # q, k, v, out: one float type
+            return desc.type in (trt.float32, trt.float16, trt.bfloat16) and desc.type == in_out[0].desc.type
+
+        def configure_plugin(self, inputs, outputs):
+            pass
+
+        def get_fields_to_serialize(self):
+            # must not raise: TensorRT silently drops the fields when it does
+            return trt.PluginFieldCollection([
+                trt.PluginField(name, np.array([getattr(self, name)], dtype=dtype), _field_type(trt, dtype))
+                for name, (dtype, _) in FIELDS.items()])
+
+        # run time
+        def on_shape_change(self, inputs, outputs):
+            self._shapes = [tuple(t.dims) for t in inputs]
+
+        def attach_to_context(self, context):
+            return self.clone()
+
+        def set_tactic(self, tactic):
+            pass
+
+        def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
+            _enqueue_torch(self, input_desc, output_desc, inputs, outputs, stream)
+
+    class WindowedAttentionCreator(trt.IPluginCreatorV3One):
+        def __init__(self) -> None:
+            trt.IPluginCreatorV3One.__init__(self)
+            self.name, self.plugin_namespace, self.plugin_version = PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self.field_names = trt.PluginFieldCollection([
+                trt.PluginField(name, np.array([]), _field_type(trt, dtype)) for name, (dtype, _) in FIELDS.items()])
+
+        def create_plugin(self, name, fields, phase):
+            given = {f.name: f.data for f in fields}
+            values = {k: (given[k][0] if k in given and len(given[k]) else default)
+                      for k, (_, default) in FIELDS.items()}
+            return WindowedAttentionPlugin(**values)
+
+    _CLASSES[trt.__name__] = (WindowedAttentionPlugin, WindowedAttentionCreator)
+    return _CLASSES[trt.__name__]
+
+
+def register(trt: ModuleType) -> bool:
+    """Register the creator with `trt`'s plugin registry (once); True when it is registered."""
+    registry = trt.get_plugin_registry()
+    if registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE) is not None:
+        return True
+    _, creator_cls = plugin_classes(trt)
+    creator = creator_cls()
+    _CREATORS[trt.__name__] = creator
+    return bool(registry.register_creator(creator, PLUGIN_NAMESPACE))
+
+
+# TensorRT DataType -> (torch dtype name, CUDA array interface typestr of a same-sized type)
+_DEVICE_TYPES = {"DataType.FLOAT": ("float32", "<f4"), "DataType.HALF": ("float16", "<f2"),
+                 "DataType.BF16": ("bfloat16", "<i2"), "DataType.INT64": ("int64", "<i8"),
+                 "DataType.INT32": ("int32", "<i4"), "DataType.BOOL": ("bool", "|b1")}
+
+
+def device_view(ptr: int, shape: tuple[int, ...], trt_type: str):
+    """A torch tensor over `shape` elements at device pointer `ptr` (no copy), through the CUDA array interface."""
+    import torch
+
+    dtype_name, typestr = _DEVICE_TYPES[trt_type]
+    count = int(np.prod(shape)) if shape else 1
+    holder = type("DeviceBuffer", (), {"__cuda_array_interface__": {
+        "shape": (count,), "typestr": typestr, "data": (int(ptr), False), "version": 3}})()
+    flat = torch.as_tensor(holder, device="cuda")
+    return flat.view(getattr(torch, dtype_name)).reshape(shape)
+
+
+def _enqueue_torch(plugin, input_desc, output_desc, inputs, outputs, stream) -> None:
+    """Run the attention on the GPU through torch (not run here: see the module docstring)."""
+    import torch
+
+    views = [device_view(ptr, tuple(d.dims), str(d.type)) for d, ptr in zip(input_desc, inputs)]
+    q, k, v, window = views[:4]
+    mask = views[4] if len(views) > 4 else None
+    out = device_view(outputs[0], tuple(output_desc[0].dims), str(output_desc[0].type))
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
+        result = torch.ops.edgeattn.windowed_attention(q, k, v, window, mask, bool(plugin.causal),
+                                                       int(plugin.sinks), float(plugin.scale))
+        out.copy_(result)
