@@ -79,3 +79,27 @@ def dtypes_model() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     return model
+
+
+def http(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+         timeout: float = 30) -> tuple[int, dict, dict]:
+    """One request on a fresh connection: (status, JSON body or {}, response headers)."""
+    import http.client
+    import json
+
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            doc = json.loads(raw) if raw else {}
+        except ValueError:
+            doc = {"raw": raw[:200].decode(errors="replace")}
+        return response.status, doc, dict(response.headers)
+    finally:
+        conn.close()
+
+
+JSON = {"Content-Type": "application/json"}
