@@ -9,7 +9,7 @@ import numpy as np
 
 from edgeattn.runtime.thermal.offline.fit import fit_rc
 from edgeattn.runtime.thermal.offline.simulated_device import RCModel
-from edgeattn.runtime.thermal.offline.trace import Trace
+from edgeattn.runtime.thermal.sensors.trace import Trace
 
 CASES = [  # (R C/W, C J/C, ambient C, sensor noise C, label)
     (2.0, 60.0, 25.0, 0.3, "fanless Jetson-like, tau 120 s"),

@@ -8,7 +8,7 @@ import pytest
 from edgeattn.errors import InputError
 from edgeattn.runtime.thermal.offline.fit import fit_rc
 from edgeattn.runtime.thermal.offline.simulated_device import RCModel
-from edgeattn.runtime.thermal.offline.trace import Trace, read_trace
+from edgeattn.runtime.thermal.sensors.trace import Trace, read_trace
 
 
 def test_rc_step_matches_closed_form_float64():

@@ -9,7 +9,7 @@ import pytest
 
 from edgeattn.runtime.thermal.offline.fit import fit_rc
 from edgeattn.runtime.thermal.offline.quality import QualityTable, load_table
-from edgeattn.runtime.thermal.offline.trace import read_trace
+from edgeattn.runtime.thermal.sensors.trace import read_trace
 
 DATA = Path(__file__).parent / "data"
 

@@ -22,7 +22,7 @@ def thermal():
 def record(source, seconds, hz, gpu, out):
     """Record temperature, power, clocks and throttle state to a CSV trace."""
     from edgeattn.runtime.thermal.sensors import open_sensor
-    from edgeattn.runtime.thermal.offline.trace import record as run_record
+    from edgeattn.runtime.thermal.sensors.trace import record as run_record
 
     sensor = open_sensor(source, gpu)
     try:
@@ -40,7 +40,7 @@ def fit(trace, as_json, out):
     """Identify the first-order RC thermal model (R, C, ambient) from TRACE."""
     from edgeattn import atomic
     from edgeattn.runtime.thermal.offline.fit import fit_rc
-    from edgeattn.runtime.thermal.offline.trace import read_trace
+    from edgeattn.runtime.thermal.sensors.trace import read_trace
 
     result = fit_rc(read_trace(trace))
     text = json.dumps(result.to_dict(), indent=None if as_json else 2)

@@ -15,7 +15,7 @@ import numpy as np
 from edgeattn.errors import InputError
 from edgeattn.optional import require
 from edgeattn.runtime.thermal.offline.simulated_device import RCModel
-from edgeattn.runtime.thermal.offline.trace import Trace
+from edgeattn.runtime.thermal.sensors.trace import Trace
 
 MIN_SAMPLES = 20
 

@@ -119,7 +119,7 @@ def plot(result: SimResult, path: Path, title: str = "") -> None:
 
 def write_outputs(result: SimResult, out: Path, title: str = "", extra: dict | None = None) -> None:
     """DIR/summary.json, DIR/simulation.png, DIR/series.csv, written as one folder atomically."""
-    from edgeattn.runtime.thermal.offline.trace import rows_to_csv
+    from edgeattn.runtime.thermal.sensors.trace import rows_to_csv
 
     with atomic.directory(Path(out)) as staging:
         (staging / "summary.json").write_text(json.dumps({**asdict(result.summary), **(extra or {})}, indent=2) + "\n")

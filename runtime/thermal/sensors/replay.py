@@ -11,7 +11,7 @@ import numpy as np
 
 from edgeattn.runtime.thermal.faults import DEFAULT_FAULTS, FaultConfig, ZoneGuard
 from edgeattn.runtime.thermal.readings import Reading
-from edgeattn.runtime.thermal.offline.trace import read_trace
+from edgeattn.runtime.thermal.sensors.trace import read_trace
 
 
 class ReplaySensor:
