@@ -88,8 +88,10 @@ def _run_passes(model: onnx.ModelProto, names: tuple[str, ...], ctx: PassContext
 
 
 def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
-          progress: Progress = lambda msg: None) -> Bundle:
-    """Build a bundle from an ONNX model. Nothing is written unless every step succeeds."""
+          progress: Progress = lambda msg: None, sections: dict | None = None) -> Bundle:
+    """Build a bundle from an ONNX model. Nothing is written unless every step succeeds.
+
+    `sections` are added to the manifest's sections (e.g. `pipeline`: the stages that made the model)."""
     model_path = Path(model_path)
     out = Path(config.out) if config.out else default_bundle_path(model_path)
     check_output(out, model_path)
@@ -132,7 +134,7 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
             source={"path": str(model_path.resolve()), "opset": sig.opset, "target_reason": why},
             sections={"passes": [r.as_dict() for r in results], "engine": artifact.details,
                       "parity": parity, "problems": problems,
-                      "dimension_kinds": shape_plan.kinds},
+                      "dimension_kinds": shape_plan.kinds, **(sections or {})},
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         )
         from edgeattn.bundle.report import render
