@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeattn.errors import TargetError
+from edgeattn.gpu import detect_gpu  # resolve_target looks it up here, so tests can replace it
 
 
 @dataclass(frozen=True)
@@ -68,22 +69,6 @@ def get_target(name: str) -> Target:
         return TARGETS[name]
     except KeyError:
         raise TargetError(f"unknown target {name!r}: expected auto or one of {', '.join(TARGETS)}") from None
-
-
-def detect_gpu() -> str | None:
-    """Name of the first NVIDIA GPU, or None. Uses nvidia-smi so no CUDA library is loaded."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.splitlines()[0] if out else None
 
 
 def resolve_target(name: str) -> tuple[Target, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edgeattn.engines.tensorrt import adapter
 from edgeattn.engines.tensorrt import layers as trt_layers
+from edgeattn.gpu import detect_gpu
 
 
 def _logger(trt, lines: list[str]):
@@ -36,16 +37,6 @@ def _profiles(builder, network, profiles: list[dict]):
                 lo, opt, hi = shapes[tensor.name]
                 profile.set_shape(tensor.name, lo, opt, hi)
         yield profile
-
-
-def _gpu_present() -> bool:
-    try:
-        from cuda.bindings import runtime as cudart
-
-        err, count = cudart.cudaGetDeviceCount()
-        return int(err) == 0 and count > 0
-    except Exception:  # no cuda-python, or no driver
-        return False
 
 
 def run(job: dict) -> dict:
@@ -92,7 +83,7 @@ def run(job: dict) -> dict:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
     rows, source = trt_layers.from_log("\n".join(lines)), "detailed build log (no GPU)"
-    if job.get("inspect") and _gpu_present():  # only with a GPU: a CUDA-less runtime can crash the process
+    if job.get("inspect") and detect_gpu() is not None:  # only with a GPU: a CUDA-less runtime can crash the process
         engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
         if engine is not None:  # e.g. an rtx engine on a GPU it was not built for: keep the log's rows
             rows, source = trt_layers.from_inspector(adapter.inspector_layers(trt, engine)), "engine inspector"
