@@ -55,3 +55,9 @@ class RuntimeBackendError(EdgeAttnError):
     """A runtime backend could not load or run a bundle."""
 
     exit_code = 6
+
+
+class FidelityError(EdgeAttnError):
+    """A lossy stage (quantize, sparsify) ended below the fidelity floor its config set."""
+
+    exit_code = 7
