@@ -40,7 +40,7 @@ def _package_dir(entry: PackagedModel) -> Path:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("EDGEATTN_CACHE", Path.home() / ".cache" / "edgeattn"))
+    return Path(os.environ.get("EDGEATTN_CACHE_DIR") or Path.home() / ".cache" / "edgeattn")
 
 
 def resolve(name_or_dir: str | Path) -> Path:

@@ -18,7 +18,7 @@
 #                                     OPTIONS override (e.g. --repeat-train-docs 8 --batch 64 --seq-len 256)
 #   collect [SECONDS]                 wait up to SECONDS for the detached jobs, pack /tmp/res into $OUT
 set -uo pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 EDGEATTN_CACHE=/tmp/cache EDGEATTN_BENCH_DIR=/tmp/qb
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 EDGEATTN_CACHE_DIR=/tmp/cache EDGEATTN_BENCH_DIR=/tmp/qb
 export PYTHONPATH=/tmp/site:/tmp/pay/gp:/tmp/pay
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/pay /tmp/res "$OUT"

@@ -7,6 +7,7 @@ API in both `tensorrt_rtx` and `tensorrt`. Functions here take the imported modu
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -72,16 +73,28 @@ def subprocess_env(fl: Flavor) -> dict[str, str]:
     versioned = sorted(libdir.glob("libtensorrt_rtx.so.*"))
     if not versioned:
         raise BuildError(f"TensorRT for RTX: expected libtensorrt_rtx.so.* in {libdir}, found none")
-    link_dir = cache_dir() / "lib" / f"tensorrt_rtx-{fl.version()}"
-    link_dir.mkdir(parents=True, exist_ok=True)
-    link = link_dir / "libtensorrt_rtx.so"
-    if not link.exists():
-        tmp = link_dir / f".libtensorrt_rtx.so.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(versioned[0])
-        os.replace(tmp, link)
+    link_dir = library_link(versioned[0], fl.version())
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(link_dir), env.get("LD_LIBRARY_PATH")) if p)
     return env
+
+
+def library_link(library: Path, version: str | None) -> Path:
+    """A cache folder holding `libtensorrt_rtx.so` -> `library`, one per real path of the library.
+
+    The cache is shared by every environment on the machine: keyed by version alone, a second environment
+    would load the first one's library next to its own (two copies in one process corrupt the heap), and
+    would break when the first one is deleted. A link that points anywhere else is replaced."""
+    target = os.path.realpath(library)
+    key = hashlib.sha256(target.encode()).hexdigest()[:16]
+    link_dir = cache_dir() / "lib" / f"tensorrt_rtx-{version}-{key}"
+    link_dir.mkdir(parents=True, exist_ok=True)
+    link = link_dir / "libtensorrt_rtx.so"
+    if os.path.realpath(link) != target:
+        tmp = link_dir / f".libtensorrt_rtx.so.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target)
+        os.replace(tmp, link)  # atomic: a concurrent build sees the old link or the new one
+    return link_dir
 
 
 def create_network(trt: ModuleType, builder):
