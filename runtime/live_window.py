@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgeattn.errors import ConfigError
+
+HISTORY_LENGTH = 100  # changes kept (oldest dropped first)
+REASON_CHARS = 200  # a longer reason or source is cut to this
 
 
 @dataclass(frozen=True)
@@ -23,21 +27,33 @@ class LiveWindow:
     """Thread-safe holder of the current window (0 = full attention).
 
     `lock(w)` pins the window: later `set` calls from other sources are ignored (and reported) until
-    `unlock()`. Listeners are called after each change, outside the lock.
+    `unlock()`. Listeners are called after each change, outside the lock. Values lie in 0..max_window
+    (the longest sequence the served bundles accept; a larger window is full attention anyway), so a
+    value the models' int64 input cannot hold is refused here. `history` keeps the last HISTORY_LENGTH
+    changes, their reasons cut to REASON_CHARS.
     """
 
     def __init__(self, initial: int = 0, *, max_window: int | None = None) -> None:
-        self._value = self._check(initial)
         self.max_window = max_window
+        self._value = self._check(initial)
         self._locked = False
         self._guard = threading.Lock()
         self._listeners: list[Callable[[WindowChange], None]] = []
-        self.history: list[WindowChange] = []
+        self.history: deque[WindowChange] = deque(maxlen=HISTORY_LENGTH)
 
-    @staticmethod
-    def _check(value: int) -> int:
+    def bound(self, max_window: int) -> None:
+        """Set the largest window (done once the served bundles are known); the current value must fit."""
+        if max_window < 0:
+            raise ConfigError(f"max_window: expected >= 0, found {max_window}")
+        self.max_window = max_window
+        self._check(self._value)
+
+    def _check(self, value: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"window: expected an integer, found {type(value).__name__} {value!r}")
+            raise ConfigError(f"window: expected an integer, found {type(value).__name__} {str(value)[:40]!r}")
+        if self.max_window is not None and not 0 <= value <= self.max_window:
+            raise ConfigError(f"window: expected 0..{self.max_window} (0 = full attention, {self.max_window} = "
+                              f"the longest sequence served), found {str(value)[:40]}")
         if value < 0:
             raise ConfigError(f"window: expected >= 0 (0 = full), found {value}")
         return value
@@ -77,7 +93,7 @@ class LiveWindow:
     def _apply(self, value: int, source: str, reason: str) -> WindowChange | None:
         if value == self._value:
             return None
-        change = WindowChange(time.time(), self._value, value, source, reason)
+        change = WindowChange(time.time(), self._value, value, source[:REASON_CHARS], reason[:REASON_CHARS])
         self._value = value
         self.history.append(change)
         return change

@@ -81,6 +81,15 @@ def dtypes_model() -> onnx.ModelProto:
     return model
 
 
+def wait_ready_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if http(url, "GET", "/v2/health/ready")[0] == 200:
+            return
+        time.sleep(0.02)
+    raise TimeoutError("server did not become ready")
+
+
 def http(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
          timeout: float = 30) -> tuple[int, dict, dict]:
     """One request on a fresh connection: (status, JSON body or {}, response headers)."""
@@ -103,3 +112,25 @@ def http(url: str, method: str, path: str, body: bytes | None = None, headers: d
 
 
 JSON = {"Content-Type": "application/json"}
+
+
+def slow_server_main(bundle_path: str, port: int, seconds: float, shutdown_timeout: float) -> None:
+    """A server process whose model takes `seconds` per run (batch 1), stopped by signals (shutdown tests).
+
+    Run as `python -c "import serve_support; serve_support.slow_server_main(...)"` with tests/ on the path."""
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.server.app import MODELS, create_app
+    from edgeattn.runtime.server.runner import serve_forever
+    from edgeattn.runtime.server.settings import ServeSettings
+
+    settings = ServeSettings(port=port, max_batch=1, warmup_runs=0, shutdown_timeout_s=shutdown_timeout)
+    app = create_app([open_bundle(bundle_path)], settings, names=["slow"], sensors=False)
+    model = app[MODELS]["slow"]
+    infer = model.backend.infer
+
+    def slow(feeds):
+        time.sleep(seconds)
+        return infer(feeds)
+
+    model.backend.infer = slow
+    serve_forever(app, "127.0.0.1", port, shutdown_timeout=shutdown_timeout)

@@ -81,3 +81,130 @@ def test_load_script_runs_both_modes_and_finds_no_mixups(tmp_path):
     for r in summary["results"]:
         assert r["answered"] == 12 and r["errors"] == 0 and r["mixups"] == 0
     assert "batching:" in proc.stdout
+
+
+TESTS = str(__import__("pathlib").Path(__file__).resolve().parent)
+
+
+def _wait_ready(base: str, proc, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if _get(base + "/v2/health/ready")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError("server did not become ready")
+
+
+def _slow_server(bundle, port: int, seconds: float, shutdown_timeout: float):
+    import os
+
+    code = (f"import serve_support; serve_support.slow_server_main({str(bundle.path)!r}, {port}, {seconds}, "
+            f"{shutdown_timeout})")
+    env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _infer_status(base: str) -> int | str:
+    body = json.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 2], "data": [1, 2]},
+                                  {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2],
+                                   "data": [1, 1]}]}).encode()
+    request = urllib.request.Request(base + "/v2/models/slow/infer", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def test_sigterm_answers_503_then_abandons_the_queue_after_the_timeout(tmp_path):
+    import threading
+
+    bundle = tiny_bundle(tmp_path)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _slow_server(bundle, port, seconds=0.5, shutdown_timeout=1.0)
+    try:
+        _wait_ready(base, proc)
+        statuses: list = []
+        threads = [threading.Thread(target=lambda: statuses.append(_infer_status(base))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # 8 requests queued: 4 s of work on one worker
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        time.sleep(0.1)
+        assert _infer_status(base) == 503  # a request after SIGTERM: refused politely, not reset
+        assert _get(base + "/v2/health/ready")[0] == 503
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - stopped
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert took < 1.0 + 0.5 + 1.5, f"exited {took:.1f} s after SIGTERM with a 1 s shutdown timeout"
+    assert 200 in statuses and 503 in statuses and set(statuses) <= {200, 503}, statuses
+    assert "Traceback" not in err
+
+
+def test_a_second_sigterm_stops_at_once_without_a_traceback(tmp_path):
+    import threading
+
+    bundle = tiny_bundle(tmp_path)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _slow_server(bundle, port, seconds=0.5, shutdown_timeout=30.0)
+    try:
+        _wait_ready(base, proc)
+        threads = [threading.Thread(target=_infer_status, args=(base,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - stopped
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert took < 2.0, f"exited {took:.1f} s after the second SIGTERM"
+
+
+def test_a_model_that_fails_to_load_ends_the_process_with_the_reason(tmp_path):
+    from edgeattn.bundle.manifest import MANIFEST_NAME, Manifest
+
+    bundle = tiny_bundle(tmp_path)
+    bundle.artifact.write_bytes(b"not a model at all" * 100)
+    # the bundle stays consistent (re-hashed), so only loading it can tell
+    manifest = Manifest.from_json((bundle.path / MANIFEST_NAME).read_text())
+    manifest.hash_files(bundle.path, list(manifest.files))
+    (bundle.path / MANIFEST_NAME).write_text(manifest.to_json())
+    proc = subprocess.run([sys.executable, "-m", "edgeattn.cli.main", "serve", str(bundle.path), "--port",
+                           str(_free_port())], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 6, proc.stderr
+    assert "could not load" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("value", [str(2**63), "33"])
+def test_serve_refuses_a_window_beyond_the_bundle_before_starting(tmp_path, runner, value):
+    from serve_support import make_bundle, window_model
+
+    windowed = make_bundle(tmp_path, window_model(), "windowed")
+    result = runner.invoke(cli, ["serve", str(windowed.path), "--window", value, "--port", str(_free_port())])
+    assert result.exit_code == 2, result.output
+    assert "--window" in result.output and "0..32" in result.output

@@ -38,12 +38,19 @@ def _controller_factory(spec: str):
               help="Sensor for the thermal controller: auto, sysfs, nvml or replay:TRACE.csv.")
 @click.option("--max-window", type=int, help="Window the policy's levels are fractions of "
               "[default: the largest sequence length the bundles accept].")
+@click.option("--admin-token", default=None, metavar="TOKEN",
+              help="Require 'Authorization: Bearer TOKEN' on the admin routes (/v2/admin/*) "
+                   "[default: EDGEATTN_SERVE_ADMIN_TOKEN, else none: see docs/serving.md before binding 0.0.0.0].")
+@click.option("--shutdown-timeout", type=float, help="Seconds queued requests get to finish after SIGTERM "
+              "[default: 30].")
 def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec,
-          thermal_policy, thermal_sensor, max_window):
+          thermal_policy, thermal_sensor, max_window, admin_token, shutdown_timeout):
     """Serve BUNDLES over KServe v2 / Triton HTTP (binary tensors, dynamic batching, /metrics).
 
     Settings not given as options are read from EDGEATTN_SERVE_<NAME> variables (e.g.
-    EDGEATTN_SERVE_MAX_BATCH). Ctrl-C or SIGTERM stops accepting, finishes in-flight requests, then exits.
+    EDGEATTN_SERVE_MAX_BATCH). Ctrl-C or SIGTERM stops taking requests (503), finishes the queued ones
+    within the shutdown timeout, then exits; a second signal answers the rest 503 at once. A model that
+    fails to load ends the process with the reason (exit code 6).
     """
     from edgeattn.optional import require
 
@@ -51,25 +58,30 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     require("prometheus_client", "the inference server's metrics")
     from edgeattn.bundle.folder import open_bundle
     from edgeattn.runtime.live_window import LiveWindow
-    from edgeattn.runtime.server.app import create_app
+    from edgeattn.runtime.server.app import NO_WINDOW_LIMIT, create_app
     from edgeattn.runtime.server.runner import serve_forever
+    from edgeattn.runtime.server.served_model import longest_sequence
     from edgeattn.runtime.server.settings import ServeSettings
 
     if name and len(bundles) != 1:
         raise click.BadParameter(f"--name names one bundle, found {len(bundles)} bundles", param_hint="--name")
     settings = ServeSettings.from_env(host=host, port=port, max_batch=max_batch,
                                       max_queue_delay_ms=max_queue_delay_ms, max_queue=max_queue,
-                                      threads=threads, window=window)
+                                      threads=threads, window=window, admin_token=admin_token,
+                                      shutdown_timeout_s=shutdown_timeout)
     opened = [open_bundle(b) for b in bundles]
-    live = LiveWindow(settings.window)
+    longest = max(longest_sequence(b) for b in opened)
+    bound = max(longest, max_window or 0) or NO_WINDOW_LIMIT
+    if settings.window > bound:
+        raise click.BadParameter(f"expected 0..{bound} (0 = full attention, {bound} = the longest sequence the "
+                                 f"bundles accept), found {settings.window}", param_hint="--window")
+    live = LiveWindow(settings.window, max_window=bound)
     if controller_spec and thermal_policy:
         raise click.BadParameter("give --controller or --thermal-policy, not both", param_hint="--controller")
     controller = _controller_factory(controller_spec)(window=live) if controller_spec else None
     if thermal_policy:
         from edgeattn.runtime.thermal.service import thermal_controller
 
-        longest = max((r[2] for b in opened for d, r in b.manifest.shape_ranges.items()
-                       if b.manifest.sections.get("dimension_kinds", {}).get(d) == "seq"), default=0)
         if not (max_window or longest):
             raise click.BadParameter("the bundles have no sequence range: give --max-window", param_hint="--max-window")
         controller = thermal_controller(live, policy=thermal_policy, sensor=thermal_sensor,

@@ -8,22 +8,25 @@ and embedders make their own. A controller is any object with `start()` and `sto
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
+import ipaddress
 import logging
 import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
 
 from edgeattn import __version__
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, InputError
 from edgeattn.runtime.live_window import LiveWindow
-from edgeattn.runtime.server.kserve import HEADER_LENGTH, WINDOW_PARAMETER, ProtocolError, encode_response, \
-    parse_request
+from edgeattn.runtime.server.kserve import HEADER_LENGTH, WINDOW_PARAMETER, ProtocolError, decode_json
 from edgeattn.runtime.server.metrics import ServerMetrics, sysfs_sensors
 from edgeattn.runtime.server.model_runtime import ModelRuntime
-from edgeattn.runtime.server.served_model import VERSION
+from edgeattn.runtime.server.offload import JsonWorker
+from edgeattn.runtime.server.openapi import openapi_document
+from edgeattn.runtime.server.served_model import VERSION, longest_sequence
 from edgeattn.runtime.server.settings import ServeSettings
 
 log = logging.getLogger("edgeattn.serve")
@@ -34,6 +37,15 @@ SETTINGS = web.AppKey("settings", ServeSettings)
 WINDOW = web.AppKey("window", LiveWindow)
 METRICS = web.AppKey("metrics", ServerMetrics)
 CONTROLLER = web.AppKey("controller", object)
+JSON_WORKER = web.AppKey("json_worker", JsonWorker)
+class Startup:
+    """The activation and warm-up of every model, once the app runs (`task`)."""
+
+    task: asyncio.Future | None = None
+
+
+STARTUP = web.AppKey("startup", Startup)
+NO_WINDOW_LIMIT = 2**31 - 1  # the window bound when no bundle has a sequence range
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -123,20 +135,41 @@ def _device_parameters(app: web.Application) -> dict:
         return {}
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body, within the body timeout (408 after it: a slow client must not hold a connection)."""
+    timeout = request.app[SETTINGS].body_timeout_s
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise ProtocolError(f"request body: expected {request.content_length} bytes within {timeout:g} s, "
+                            f"the client sent them too slowly", 408) from None
+
+
+def _json_bytes(body: bytes, header_length: str | None) -> int:
+    """How much of the body is JSON (the binary extension puts raw tensors after the JSON header)."""
+    if header_length is None:
+        return len(body)
+    try:
+        return min(int(header_length), len(body))
+    except ValueError:
+        return 0  # parse_request reports it
+
+
 async def infer(request: web.Request) -> web.Response:
     started = time.perf_counter()
     model = _model(request)
-    metrics = request.app[METRICS]
+    metrics, worker = request.app[METRICS], request.app[JSON_WORKER]
     try:
         if not model.ready:
             raise ProtocolError(f"model {model.name!r} is not ready (warming up or shutting down)", 503)
-        body = await request.read()
-        req = parse_request(body, request.headers.get(HEADER_LENGTH))
+        body = await _read_body(request)
+        header_length = request.headers.get(HEADER_LENGTH)
+        req = await worker.parse(body, header_length, _json_bytes(body, header_length))
         wanted = None if req.outputs is None else [o.name for o in req.outputs]
         rows = model.served.validate(req.inputs, wanted)
         outcome = await model.infer(req.inputs, rows)
         parameters = {WINDOW_PARAMETER: outcome.window, **_device_parameters(request.app)}
-        payload, headers = encode_response(model.name, VERSION, req, outcome.outputs, parameters)
+        payload, headers = await worker.encode(model.name, VERSION, req, outcome.outputs, parameters)
     except Exception:
         elapsed = time.perf_counter() - started
         model.stats.fail.add(elapsed)
@@ -159,24 +192,62 @@ async def metrics_page(request: web.Request) -> web.Response:
 
 def _window_state(window: LiveWindow) -> dict:
     history = [{"time": c.time, "old": c.old, "new": c.new, "source": c.source, "reason": c.reason}
-               for c in window.history[-20:]]
+               for c in list(window.history)[-20:]]
     return {"window": window.get(), "locked": window.locked, "history": history}
 
 
+def _names_this_host(host: str) -> bool:
+    """Is the Host header an IP address or localhost? (A web page reaching us through DNS rebinding uses
+    its own host name, so without a token admin requests must use an address.)"""
+    try:
+        name = URL(f"http://{host}").host or ""
+        if name != "localhost":
+            ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _admin_guard(request: web.Request) -> None:
+    """Admin routes: same origin only, the token when one is set, JSON bodies only (a web page cannot send
+    application/json across origins without a CORS preflight, which this server never grants)."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != f"{request.scheme}://{request.host}":
+        raise ProtocolError(f"admin routes refuse cross-origin requests: expected no Origin or "
+                            f"{request.scheme}://{request.host}, found {origin[:80]!r}", 403)
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site not in (None, "same-origin", "none"):
+        raise ProtocolError(f"admin routes refuse cross-site requests: found Sec-Fetch-Site {fetch_site[:40]!r}",
+                            403)
+    token = request.app[SETTINGS].admin_token
+    if token:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise ProtocolError("admin routes need the admin token: expected 'Authorization: Bearer TOKEN'", 401)
+    elif not _names_this_host(request.host):
+        raise ProtocolError(f"admin routes without an admin token answer only requests to an IP address or "
+                            f"localhost, found Host {request.host[:80]!r}", 403)
+    if request.method == "POST" and request.content_type != "application/json":
+        raise ProtocolError(f"admin routes take JSON: expected Content-Type application/json, found "
+                            f"{request.content_type!r}", 415)
+
+
 async def _json_body(request: web.Request) -> dict:
-    raw = await request.read()
+    _admin_guard(request)
+    raw = await _read_body(request)
     if not raw:
         return {}
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+    doc = decode_json(raw)
     if not isinstance(doc, dict):
         raise ProtocolError(f"expected a JSON object, found {type(doc).__name__}")
+    for key in ("source", "reason"):
+        if not isinstance(doc.get(key, ""), str):
+            raise ProtocolError(f"{key!r}: expected a string, found {type(doc[key]).__name__}")
     return doc
 
 
 async def window_get(request: web.Request) -> web.Response:
+    _admin_guard(request)
     return web.json_response(_window_state(request.app[WINDOW]))
 
 
@@ -184,8 +255,8 @@ async def window_set(request: web.Request) -> web.Response:
     """POST {"window": N, "reason": "..."}: set it; 409 while it is locked."""
     window, doc = request.app[WINDOW], await _json_body(request)
     if "window" not in doc:
-        raise ProtocolError('expected {"window": N} (0 = full attention)')
-    if not window.set(doc["window"], source=str(doc.get("source", "admin")), reason=str(doc.get("reason", ""))):
+        raise ProtocolError(f'expected {{"window": N}} (0 = full attention, at most {window.max_window})')
+    if not window.set(doc["window"], source=doc.get("source", "admin"), reason=doc.get("reason", "")):
         raise ProtocolError(f"the window is locked at {window.get()}: unlock it first", 409)
     return web.json_response(_window_state(window))
 
@@ -193,14 +264,19 @@ async def window_set(request: web.Request) -> web.Response:
 async def window_lock(request: web.Request) -> web.Response:
     """POST {"window": N} (optional): pin the window; the controller's changes are ignored until unlock."""
     window, doc = request.app[WINDOW], await _json_body(request)
-    window.lock(doc.get("window"), source=str(doc.get("source", "admin")))
+    window.lock(doc.get("window"), source=doc.get("source", "admin"))
     return web.json_response(_window_state(window))
 
 
 async def window_unlock(request: web.Request) -> web.Response:
     window = request.app[WINDOW]
+    await _json_body(request)
     window.unlock()
     return web.json_response(_window_state(window))
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(__version__, list(request.app[MODELS])))
 
 
 def _routes(app: web.Application) -> None:
@@ -221,6 +297,7 @@ def _routes(app: web.Application) -> None:
     post("/v2/admin/window/lock", window_lock)
     post("/v2/admin/window/unlock", window_unlock)
     get("/metrics", metrics_page)
+    get("/openapi.json", openapi)
 
 
 def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(), *,
@@ -228,9 +305,11 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
                metrics: ServerMetrics | None = None, sensors: bool = True) -> web.Application:
     """The service for `bundles` (named by their manifests unless `names` is given).
 
-    Models are activated and warmed up in the background once the app starts: health/live answers at
-    once, health/ready and each model's ready only after warm-up. On shutdown, queued requests finish
-    before the backends are released and the controller is stopped.
+    Models are activated and warmed up in the background once the app starts (`app[STARTUP]` is that
+    task; runner.serve_forever ends the process when it fails): health/live answers at once,
+    health/ready and each model's ready only after warm-up. On shutdown (`drain`), queued requests
+    finish within the shutdown timeout (503 for the rest) before the backends are released and the
+    controller is stopped. The window is bounded by the longest sequence the bundles accept.
     """
     names = names or [b.manifest.name for b in bundles]
     if len(names) != len(bundles):
@@ -238,9 +317,12 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique, found {names}: give each bundle its own name")
     window = window or LiveWindow(settings.window)
+    if window.max_window is None:
+        window.bound(max((longest_sequence(b) for b in bundles), default=0) or NO_WINDOW_LIMIT)
     metrics = metrics or ServerMetrics()
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
     app[SETTINGS], app[WINDOW], app[METRICS], app[CONTROLLER] = settings, window, metrics, controller
+    app[JSON_WORKER], app[STARTUP] = JsonWorker(), Startup()
     app[MODELS] = {n: ModelRuntime(b, n, settings, window, metrics) for n, b in zip(names, bundles)}
     _routes(app)
     metrics.window.set(window.get())
@@ -253,11 +335,24 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     return app
 
 
+async def drain(app: web.Application) -> None:
+    """Stop taking requests (503), finish the queued ones within the shutdown timeout, release the models."""
+    timeout = app[SETTINGS].shutdown_timeout_s
+    await asyncio.gather(*(m.stop(timeout) for m in app[MODELS].values()), return_exceptions=True)
+
+
+def abandon(app: web.Application) -> None:
+    """Answer every queued request 503 now (a second stop signal); running batches still finish."""
+    for m in app[MODELS].values():
+        m.abandon()
+
+
 def _lifespan(controller):
     async def lifespan(app: web.Application):
         models = list(app[MODELS].values())
         warmup = asyncio.ensure_future(asyncio.gather(*(m.start() for m in models)))
         warmup.add_done_callback(_log_failure)
+        app[STARTUP].task = warmup
         if controller is not None:
             controller.start()
         yield
@@ -265,7 +360,8 @@ def _lifespan(controller):
             warmup.cancel()
         if controller is not None:
             controller.stop()
-        await asyncio.gather(*(m.stop() for m in models), return_exceptions=True)
+        await drain(app)
+        app[JSON_WORKER].close()
 
     return lifespan
 

@@ -4,7 +4,11 @@ Policy: requests are stacked along the batch axis only when all their other dime
 sequence length), so a batched answer is the unbatched answer: nothing is padded, no mask semantics are
 assumed. The first request of a batch waits at most `max_delay_s` for company; a batch holds at most
 `max_batch` rows (a single larger request, within the bundle's range, runs alone). If a batch fails, its
-requests are rerun one by one so that an error reaches only the request that caused it.
+requests are rerun one by one so that an error reaches only the request that caused it; then requests
+run alone for ISOLATE_S, so a flood of failing requests costs one run each, not a batch plus a rerun.
+
+`stop(timeout)` finishes the queue within `timeout` seconds; what is still queued then (or when
+`abandon()` is called) is answered 503 and never run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeattn.runtime.server.kserve import ProtocolError
+
+ISOLATE_S = 2.0  # after a stacked batch fails, requests run alone this long
 
 
 @dataclass
@@ -63,6 +69,8 @@ class DynamicBatcher:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self._closing = False
+        self._abandoned: asyncio.Event | None = None
+        self._isolate_until = 0.0  # perf_counter time; written by the worker thread, read by the loop
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}")
 
     @property
@@ -70,17 +78,36 @@ class DynamicBatcher:
         return len(self._pending)
 
     def start(self) -> None:
-        self._wakeup = asyncio.Event()
+        self._wakeup, self._abandoned = asyncio.Event(), asyncio.Event()
         self._worker = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
 
-    async def stop(self) -> None:
-        """Finish every queued request, then stop the worker."""
+    async def stop(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the queued ones within `timeout` s (None: all), then stop the worker.
+
+        Requests still queued at the deadline get 503; the batch running then is awaited (a backend run
+        cannot be interrupted)."""
         self._closing = True
-        if self._wakeup is not None:
-            self._wakeup.set()
         if self._worker is not None:
-            await self._worker
+            self._wakeup.set()
+            finished = asyncio.ensure_future(asyncio.shield(self._worker))
+            abandoned = asyncio.ensure_future(self._abandoned.wait())
+            await asyncio.wait([finished, abandoned], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            abandoned.cancel()
+            self.abandon()
+            await finished
         self._executor.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """Answer every queued request 503 now; the worker stops after the batch it is running."""
+        self._closing = True
+        while self._pending:
+            item = self._pending.popleft()
+            if not item.future.done():
+                item.future.set_exception(ProtocolError(f"model {self.name!r} is shutting down: the request "
+                                                        f"was not run", 503))
+        if self._abandoned is not None:
+            self._abandoned.set()
+            self._wakeup.set()
 
     async def run_direct(self, fn: Callable, *args):
         """Run `fn` on the model's worker thread (activation, warm-up)."""
@@ -100,9 +127,14 @@ class DynamicBatcher:
     def _rows_like(self, key: tuple) -> int:
         return sum(p.rows for p in self._pending if p.key == key)
 
+    def _isolating(self) -> bool:
+        return time.perf_counter() < self._isolate_until
+
     def _take(self) -> list[_Pending]:
         first = self._pending.popleft()
         group, rows = [first], first.rows
+        if self._isolating():
+            return group
         for item in list(self._pending):
             if item.key == first.key and rows + item.rows <= self.max_batch:
                 self._pending.remove(item)
@@ -121,8 +153,8 @@ class DynamicBatcher:
                 continue
             first = self._pending[0]
             deadline = first.enqueued + self.max_delay_s
-            while (self.max_batch > 1 and not self._closing and self._rows_like(first.key) < self.max_batch
-                   and time.perf_counter() < deadline):
+            while (self.max_batch > 1 and not self._closing and not self._isolating()
+                   and self._rows_like(first.key) < self.max_batch and time.perf_counter() < deadline):
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), max(0.0, deadline - time.perf_counter()))
@@ -161,6 +193,7 @@ class DynamicBatcher:
         except Exception as exc:
             if len(group) == 1:
                 return [exc]
+            self._isolate_until = time.perf_counter() + ISOLATE_S
             return [r for p in group for r in self._execute([p])]
 
     @staticmethod

@@ -8,6 +8,7 @@ the header's length is in `Inference-Header-Content-Length`, and each binary ten
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +17,7 @@ from edgeattn.errors import InputError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 WINDOW_PARAMETER = "attention_window"  # response parameter: the window the request ran with (None: no window)
+MAX_ELEMENTS = 1 << 31  # per input tensor; far above any bundle's range, far below int64 overflow
 
 # numpy dtype name <-> KServe datatype
 DATATYPES = {"bool": "BOOL", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
@@ -30,6 +32,19 @@ class ProtocolError(InputError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self):  # keeps the status when raised in a worker process (offload.py)
+        return ProtocolError, (str(self), self.status)
+
+
+def decode_json(raw: bytes | memoryview, what: str = "request body"):
+    """json.loads that answers 400 for invalid, non-UTF-8 or too deeply nested JSON."""
+    try:
+        return json.loads(bytes(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"{what}: JSON nested too deeply: expected at most a few levels") from None
 
 
 def datatype_of(dtype: str) -> str:
@@ -60,10 +75,54 @@ def _object(value, what: str) -> dict:
 
 
 def _shape(value, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in value):
-        raise ProtocolError(f"input {name!r}: expected 'shape' as a list of non-negative integers, found {value!r}")
+    if not isinstance(value, list) or len(value) > 32 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise ProtocolError(f"input {name!r}: expected 'shape' as a list of at most 32 non-negative integers, "
+                            f"found {str(value)[:80]}")
+    count = math.prod(value)
+    if count > MAX_ELEMENTS:
+        raise ProtocolError(f"input {name!r}: shape {str(value)[:80]} has {count} elements: expected at most "
+                            f"{MAX_ELEMENTS}")
     return tuple(value)
+
+
+def _kind_ok(found: np.dtype, wanted: np.dtype) -> bool:
+    """May JSON values that numpy read as `found` become `wanted` without losing anything but float rounding?"""
+    if wanted.kind == "b":
+        return found.kind == "b"
+    if wanted.kind in "iu":
+        return found.kind in "iu"
+    return found.kind in "iuf"  # floats: integers and floats
+
+
+def _from_json(values, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
+    """A flat JSON list as `dtype`, refusing what would be silently coerced (1.7 -> 1, "1" -> 1, 2**64)."""
+    if not isinstance(values, list):
+        raise ProtocolError(f"input {name!r}: expected 'data' as a flat list of values, found "
+                            f"{type(values).__name__}")
+    if not values:
+        return np.zeros(0, dtype)
+    if any(isinstance(v, (list, dict)) for v in values):
+        raise ProtocolError(f"input {name!r}: expected 'data' as a flat list of values (row-major), found "
+                            f"nested lists or objects")
+    found = np.asarray(values)
+    if found.dtype == object:  # integers beyond 64 bits, None, or mixed types
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values) and dtype.kind in "iuf":
+            raise ProtocolError(f"input {name!r}: a value of {datatype} data is outside its range, found "
+                                f"{str(max(values, key=abs))[:40]}")
+        raise ProtocolError(f"input {name!r}: expected {datatype} data, found mixed or null values")
+    if not _kind_ok(found.dtype, dtype):
+        kinds = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers (with a fraction, "
+                 "Infinity or NaN)", "U": "strings"}
+        found_kind = kinds.get(found.dtype.kind, found.dtype.name)
+        raise ProtocolError(f"input {name!r}: expected {datatype} data, found {found_kind}")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = int(found.min()), int(found.max())
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ProtocolError(f"input {name!r}: {datatype} holds {info.min}..{info.max}, found {bad}")
+    return found.astype(dtype)
 
 
 def _tensor(entry: dict, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
@@ -76,11 +135,11 @@ def _tensor(entry: dict, binary: memoryview, offset: int) -> tuple[str, np.ndarr
         raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not supported: expected one of "
                             f"{', '.join(sorted(NUMPY_OF))}")
     dtype = np.dtype(NUMPY_OF[datatype])
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     params = _object(entry.get("parameters", {}), f"input {name!r} parameters")
     size = params.get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or size < 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ProtocolError(f"input {name!r}: binary_data_size must be a non-negative integer, found {size!r}")
         if size != count * dtype.itemsize:
             raise ProtocolError(f"input {name!r}: binary_data_size {size} does not match shape {list(shape)} of "
@@ -92,10 +151,7 @@ def _tensor(entry: dict, binary: memoryview, offset: int) -> tuple[str, np.ndarr
         return name, array.reshape(shape), offset + size
     if "data" not in entry:
         raise ProtocolError(f"input {name!r}: expected 'data' or a binary_data_size parameter")
-    try:
-        array = np.asarray(entry["data"], dtype=dtype)
-    except (ValueError, TypeError) as exc:
-        raise ProtocolError(f"input {name!r}: data is not {datatype}: {exc}") from None
+    array = _from_json(entry["data"], dtype, name, datatype)
     if array.size != count:
         raise ProtocolError(f"input {name!r}: shape {list(shape)} needs {count} values, found {array.size}")
     return name, array.reshape(shape), offset
@@ -113,11 +169,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         if not 0 <= n <= len(body):
             raise ProtocolError(f"{HEADER_LENGTH} {n} is outside the body of {len(body)} bytes")
         head, binary = body[:n], memoryview(body)[n:]
-    try:
-        doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from None
-    doc = _object(doc, "request")
+    doc = _object(decode_json(head), "request")
     entries = doc.get("inputs")
     if not isinstance(entries, list) or not entries:
         raise ProtocolError("request: expected a non-empty 'inputs' list")
@@ -131,6 +183,9 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     if offset != len(binary):
         raise ProtocolError(f"binary data: the inputs account for {offset} bytes, found {len(binary)}")
     params = _object(doc.get("parameters", {}), "request parameters")
+    if WINDOW_PARAMETER in params:
+        raise ProtocolError(f"request parameter {WINDOW_PARAMETER!r}: the attention window is the server's, set for "
+                            f"all requests: leave it out (change it with POST /v2/admin/window)")
     outputs = None
     if "outputs" in doc:
         if not isinstance(doc["outputs"], list):

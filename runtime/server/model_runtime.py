@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgeattn.bundle.folder import Bundle
+from edgeattn.errors import EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.batcher import DynamicBatcher, Outcome
 from edgeattn.runtime.server.metrics import ServerMetrics
@@ -94,15 +95,27 @@ class ModelRuntime:
                 self.run(feeds)
 
     async def start(self) -> None:
+        """Activate and warm up; a failure is a RuntimeBackendError that names the model and the reason."""
         self.batcher.start()
-        await self.batcher.run_direct(self.backend.activate)
-        await self.batcher.run_direct(self._warmup)
+        try:
+            await self.batcher.run_direct(self.backend.activate)
+            await self.batcher.run_direct(self._warmup)
+        except EdgeAttnError as exc:
+            raise RuntimeBackendError(f"model {self.name!r} failed to start: {exc}") from None
+        except Exception as exc:  # a backend library's own error type
+            raise RuntimeBackendError(f"model {self.name!r} failed to start: {type(exc).__name__}: {exc}") from None
         self.ready = True
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop taking requests, finish the queued ones within `timeout` s (503 for the rest), release."""
         self.ready = False
-        await self.batcher.stop()
+        await self.batcher.stop(timeout)
         self.backend.deactivate()
+
+    def abandon(self) -> None:
+        """Answer the queued requests 503 now (a second stop signal)."""
+        self.ready = False
+        self.batcher.abandon()
 
     async def infer(self, feeds: dict[str, np.ndarray], rows: int) -> Outcome:
         self.metrics.queue_depth.labels(self.name).set(self.batcher.depth + 1)

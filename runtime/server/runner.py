@@ -3,18 +3,65 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 
 from aiohttp import web
 
-from edgeattn.errors import RuntimeBackendError
+from edgeattn.errors import EdgeAttnError, RuntimeBackendError
+from edgeattn.runtime.server.app import STARTUP, abandon, drain
+
+CLOSE_GRACE_S = 1.0  # after the queues are drained: how long open connections get to finish their answers
 
 
 def serve_forever(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 30.0,
                   print_fn=print) -> None:
-    """Serve until SIGINT/SIGTERM; then stop accepting, finish in-flight requests, release the models."""
-    web.run_app(app, host=host, port=port, shutdown_timeout=shutdown_timeout, print=print_fn,
-                access_log=None)
+    """Serve until SIGINT/SIGTERM, or raise RuntimeBackendError if a model fails to start.
+
+    The first signal stops the models taking requests (ready and inference answer 503 while the server
+    still listens), lets the queued requests finish for up to `shutdown_timeout` s (the rest get 503),
+    then closes. A second signal answers the queued requests 503 at once."""
+    asyncio.run(_serve(app, host, port, shutdown_timeout, print_fn))
+
+
+async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float, print_fn) -> None:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+
+    def on_signal(name: str) -> None:
+        if stopping.is_set():
+            print_fn(f"{name} again: answering the queued requests 503")
+            abandon(app)
+            return
+        print_fn(f"{name}: finishing queued requests (up to {shutdown_timeout:g} s), then stopping")
+        stopping.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=CLOSE_GRACE_S)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise RuntimeBackendError(f"cannot listen on {host}:{port}: {exc}") from None
+        print_fn(f"listening on http://{host}:{port} (Ctrl-C or SIGTERM to stop)")
+        startup = app[STARTUP].task
+        stop = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait([startup, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if startup.done() and not startup.cancelled() and startup.exception() is not None:
+            error = startup.exception()
+            if not isinstance(error, EdgeAttnError):
+                error = RuntimeBackendError(f"start-up failed: {type(error).__name__}: {error}")
+            raise error
+        await stopping.wait()
+        await drain(app)
+    finally:
+        await runner.cleanup()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 class BackgroundServer:
@@ -33,9 +80,9 @@ class BackgroundServer:
         return f"{self.host}:{self.port}"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=self.shutdown_timeout)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=self.shutdown_timeout)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
 

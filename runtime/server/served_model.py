@@ -9,6 +9,7 @@ import numpy as np
 from edgeattn.bundle.folder import Bundle
 from edgeattn.onnx_model import TensorSpec
 from edgeattn.runtime.server.kserve import ProtocolError, datatype_of
+from edgeattn.runtime.server.vocabulary import index_limits
 
 VERSION = "1"
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "tensorrt_rtx": "tensorrt_plan"}
@@ -16,6 +17,12 @@ PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan", "te
 
 def _batch_axis(spec: TensorSpec, batch_dims: set[str]) -> int | None:
     return next((i for i, d in enumerate(spec.dims) if d in batch_dims), None)
+
+
+def longest_sequence(bundle: Bundle) -> int:
+    """The largest size of the bundle's sequence dimensions (0 when it has none): the largest useful window."""
+    kinds = bundle.manifest.sections.get("dimension_kinds", {})
+    return max((r[2] for d, r in bundle.manifest.shape_ranges.items() if kinds.get(d) == "seq"), default=0)
 
 
 @dataclass
@@ -39,10 +46,10 @@ class ServedModel:
         # Requests can be stacked only when every input and output has the batch axis first.
         self.batchable = bool(self.batch_dims) and all(
             a == 0 for a in list(self.input_axes.values()) + list(self.output_axes.values()))
-
-    @property
-    def backend_kind(self) -> str:
-        return self.bundle.manifest.backend
+        # integer inputs that index a table (token ids, token types, positions): ids must lie in 0..rows-1
+        self.index_rows = {n: r for n, r in index_limits(self.bundle).items()
+                           if any(s.name == n for s in self.inputs)}
+        self.index_inputs = {s.name for s in self.inputs if s.role == "token_ids" or s.name in self.index_rows}
 
     def validate(self, inputs: dict[str, np.ndarray], outputs: list[str] | None) -> int:
         """Check names, datatypes, ranks and sizes against the bundle; return the request's batch rows."""
@@ -72,6 +79,8 @@ class ServedModel:
                                     f"found shape {list(array.shape)}")
             for axis, (dim, size) in enumerate(zip(spec.dims, array.shape)):
                 self._check_dim(name, axis, dim, size, sizes)
+            if name in self.index_inputs and array.size:
+                self._check_ids(name, array)
         axis_rows = [inputs[n].shape[a] for n, a in self.input_axes.items() if a is not None]
         return axis_rows[0] if axis_rows else 1
 
@@ -87,6 +96,13 @@ class ServedModel:
             other, first = sizes[dim][1], sizes[dim][0]
             raise ProtocolError(f"input {name!r}: axis {axis} ({dim}) is {size} but input {other!r} has {first}")
         sizes.setdefault(dim, (size, name))
+
+    def _check_ids(self, name: str, array: np.ndarray) -> None:
+        rows = self.index_rows.get(name)
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or (rows is not None and high >= rows):
+            expected = f"0..{rows - 1} (a table of {rows} rows)" if rows is not None else ">= 0"
+            raise ProtocolError(f"input {name!r}: ids must be in {expected}, found {low if low < 0 else high}")
 
     def _client_dims(self, spec: TensorSpec) -> list[int]:
         return [d if isinstance(d, int) else -1 for d in spec.dims]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from edgeattn.errors import ConfigError
 
@@ -22,6 +22,8 @@ class ServeSettings:
     window: int = 0  # initial attention window (0 = full)
     shutdown_timeout_s: float = 30.0  # graceful shutdown: how long in-flight requests may take
     warmup_runs: int = 2  # inferences per model before it reports ready
+    body_timeout_s: float = 30.0  # a request body not received within this gets 408
+    admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -29,6 +31,8 @@ class ServeSettings:
         for name in ("max_batch", "max_queue", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, found {getattr(self, name)}")
+        if self.body_timeout_s <= 0:
+            raise ConfigError(f"body_timeout_s: expected > 0, found {self.body_timeout_s}")
         for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")

@@ -1,0 +1,87 @@
+"""The service's OpenAPI 3.0 description (served at /openapi.json): the KServe v2 inference routes, the
+Triton extensions and the admin window routes, with the request bodies they accept."""
+
+from __future__ import annotations
+
+DATATYPES = ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "FP16", "FP32",
+             "FP64"]
+ERRORS = {"400": "a malformed request", "401": "the admin token is missing or wrong",
+          "403": "a cross-origin admin request", "404": "unknown model or version",
+          "408": "the body arrived too slowly", "409": "the window is locked",
+          "413": "the body is over max_body_bytes", "415": "an admin body that is not JSON",
+          "503": "warming up, queue full or shutting down"}
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_PARAMETERS = {"type": "object", "additionalProperties": True}
+_TENSOR = {
+    "type": "object", "required": ["name", "shape", "datatype"],
+    "properties": {
+        "name": {"type": "string"},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "datatype": {"type": "string", "enum": DATATYPES},
+        "parameters": _PARAMETERS,
+        "data": {"type": "array", "items": {"type": ["number", "boolean"]}},
+    },
+}
+_INFER_REQUEST = {
+    "type": "object", "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": _PARAMETERS,
+        "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "parameters": _PARAMETERS}}},
+    },
+}
+_WINDOW_STATE = {"type": "object", "required": ["window", "locked", "history"], "properties": {
+    "window": {"type": "integer"}, "locked": {"type": "boolean"}, "history": {"type": "array"}}}
+_WINDOW_BODY = {"type": "object", "properties": {
+    "window": {"type": "integer", "minimum": 0}, "reason": {"type": "string"}, "source": {"type": "string"}}}
+
+
+def _answers(ok: dict | None = None, *codes: str) -> dict:
+    answers = {"200": {"description": "OK", "content": {"application/json": {"schema": ok or {"type": "object"}}}}}
+    for code in codes:
+        answers[code] = {"description": ERRORS[code], "content": {"application/json": {"schema": _ERROR}}}
+    return answers
+
+
+def _body(schema: dict, required: bool = True) -> dict:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+def openapi_document(version: str, models: list[str] | None = None) -> dict:
+    """The description; `models` (the served names) become the `model` path parameter's enum."""
+    model = {"name": "model", "in": "path", "required": True,
+             "schema": {"type": "string", **({"enum": sorted(models)} if models else {})}}
+    get_ok = {"get": {"responses": _answers()}}
+    model_get = {"get": {"parameters": [model], "responses": _answers(None, "404")}}
+    admin = ("400", "401", "403", "415")
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "edgeattn serve", "version": version,
+                 "description": "KServe v2 (Open Inference Protocol) with Triton's binary tensor extension"},
+        "paths": {
+            "/v2/health/live": get_ok,
+            "/v2/health/ready": {"get": {"responses": _answers(None, "503")}},
+            "/v2": get_ok,
+            "/v2/models/stats": get_ok,
+            "/v2/models/{model}": model_get,
+            "/v2/models/{model}/ready": {"get": {"parameters": [model], "responses": _answers(None, "404", "503")}},
+            "/v2/models/{model}/config": model_get,
+            "/v2/models/{model}/stats": model_get,
+            "/v2/models/{model}/infer": {"post": {
+                "parameters": [model], "requestBody": _body(_INFER_REQUEST),
+                "responses": _answers(None, "400", "404", "408", "413", "503")}},
+            "/v2/repository/index": {"post": {"responses": _answers({"type": "array"})}},
+            "/v2/admin/window": {
+                "get": {"responses": _answers(_WINDOW_STATE, "401", "403")},
+                "post": {"requestBody": _body(_WINDOW_BODY), "responses": _answers(_WINDOW_STATE, *admin, "409")}},
+            "/v2/admin/window/lock": {"post": {"requestBody": _body(_WINDOW_BODY, False),
+                                               "responses": _answers(_WINDOW_STATE, *admin)}},
+            "/v2/admin/window/unlock": {"post": {"requestBody": _body({"type": "object"}, False),
+                                                 "responses": _answers(_WINDOW_STATE, *admin)}},
+            "/metrics": {"get": {"responses": {"200": {"description": "Prometheus text format",
+                                                       "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        },
+    }
