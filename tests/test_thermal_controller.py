@@ -74,7 +74,8 @@ def test_sensor_exception_ends_on_the_safe_side_and_is_counted():
     c.step()
     m = c.metrics_snapshot()
     assert window.get() == 128 and m["temp_c"] is None
-    assert m["sensor_fault_counts"] == {"sensor: read error (OSError: i2c timeout)": 2}
+    assert m["sensor_fault_counts"] == {"sensor:read_error": 2}
+    assert m["sensor_faults"] == ["sensor: read error (OSError: i2c timeout)"]
 
 
 def test_thread_samples_at_the_rate_and_stops():
@@ -97,9 +98,9 @@ def test_thermal_runtime_and_cli_import_nothing_heavy():
     import subprocess
     import sys
 
-    modules = ["controller", "policies", "policy_file", "sensors_sysfs", "sensors_nvml", "sensors_replay",
-               "simulated_device", "fit", "simulate", "tune", "quality", "workload", "trace", "faults", "metrics",
-               "sensors"]
+    modules = ["controller", "policies", "policy_file", "sensors.sysfs", "sensors.nvml", "sensors.replay",
+               "offline.simulated_device", "offline.fit", "offline.simulate", "offline.tune", "offline.quality",
+               "offline.workload", "sensors.trace", "faults", "metrics", "sensors"]
     code = ("import sys\n" + "".join(f"import edgeattn.runtime.thermal.{m}\n" for m in modules) +
             "from edgeattn.cli.main import main\n"
             "try:\n    main(['thermal', '--help'])\nexcept SystemExit:\n    pass\n"
@@ -117,7 +118,7 @@ def test_prometheus_collector_exports_temperature_window_and_faults():
     window = LiveWindow(0, max_window=512)
     c = ThermalController(device, StepPolicy(), window, 512, clock=device.clock)
     c.step()
-    c.fault_counts["gpu0: invalid -256 C"] += 2
+    c.fault_counts["gpu0", "invalid"] += 2
     registry = prometheus_client.CollectorRegistry()
     registry.register(ThermalCollector(c))
     text = prometheus_client.generate_latest(registry).decode()
@@ -125,4 +126,4 @@ def test_prometheus_collector_exports_temperature_window_and_faults():
     assert "edgeattn_attention_window 256.0" in text and "edgeattn_attention_window_fraction 0.5" in text
     assert "edgeattn_thermal_throttle 0.0" in text and "edgeattn_thermal_trip_celsius 99.0" in text
     assert "edgeattn_thermal_window_changes_total 1.0" in text
-    assert 'edgeattn_thermal_sensor_faults_total{fault="gpu0: invalid -256 C"} 2.0' in text
+    assert 'edgeattn_thermal_sensor_faults_total{kind="invalid",zone="gpu0"} 2.0' in text

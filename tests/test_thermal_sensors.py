@@ -54,43 +54,55 @@ def test_sysfs_bad_values_are_faults_and_the_zone_is_dropped(orin, text, fault):
     clock.t = 1.0
     r = sensor.read()
     assert "tj-thermal" not in r.temps and r.temp_c == 64.25
-    assert len(r.faults) == 1 and r.faults[0].startswith("tj-thermal: " + fault)
+    assert len(r.faults) == 1 and str(r.faults[0]).startswith("tj-thermal: " + fault) and r.lost == ()
 
 
-def test_faulted_hot_zone_holds_its_last_value_then_drops(orin):
+def test_faulted_hot_zone_holds_its_last_value_then_counts_as_hot(orin):
     thermal, hwmon = orin
     clock = Clock()
-    sensor = SysfsSensor(thermal, hwmon, faults=FaultConfig(stale_s=5.0), clock=clock)
+    sensor = SysfsSensor(thermal, hwmon, faults=FaultConfig(stale_s=5.0, recover_s=20.0), clock=clock)
     sensor.read()
     set_temp(thermal, 2, "-256000\n")
     clock.t = 2.0
     held = sensor.read()
-    assert held.temp_c == 65.0 and "holding 65.0 C" in held.faults[0]  # safe side: not cooler than it was
+    assert held.temp_c == 65.0 and "holding 65.0 C" in str(held.faults[0])  # safe side: not cooler than it was
+    assert held.faults[0].kind == "invalid" and held.lost == ()
     clock.t = 10.0
-    assert sensor.read().temp_c == 64.25
+    lost = sensor.read()  # not the cooler zones' 64.25 C: unknown, and every policy assumes hot
+    assert lost.temp_c is None and lost.lost == ("tj-thermal",) and lost.temps == {"cpu-thermal": 61.5, "gpu-thermal": 64.25}
+    set_temp(thermal, 2, "63000\n")
+    for t, still_lost in ((11.0, True), (30.0, True), (31.0, False)):  # 20 s of normal reads from t = 11
+        clock.t = t
+        r = sensor.read()
+        assert (r.lost == ("tj-thermal",)) is still_lost and r.temps["tj-thermal"] == 63.0
+    assert r.temp_c == 64.25
 
 
 def test_missing_zone_and_read_error(orin):
     thermal, hwmon = orin
     sensor = SysfsSensor(thermal, hwmon, zones=["cpu-thermal", "soc9-thermal"], faults=FaultConfig(stale_s=0.0))
     r = sensor.read()
-    assert r.faults == ("soc9-thermal: missing",) and r.temp_c == 61.5
+    assert tuple(map(str, r.faults)) == ("soc9-thermal: missing",) and r.temp_c == 61.5 and r.lost == ()
     (thermal / "thermal_zone0" / "temp").unlink()
     (thermal / "thermal_zone0" / "temp").mkdir()  # reading a directory raises IsADirectoryError
     r = sensor.read()
-    assert r.temp_c is None and any("read error (IsADirectoryError" in f for f in r.faults)
+    assert r.temp_c is None and any("read error (IsADirectoryError" in str(f) for f in r.faults)
+
+
+def _text(fault) -> str | None:
+    return None if fault is None else str(fault)
 
 
 def test_stuck_zone_is_detected_when_power_moves_but_the_value_does_not():
     guard = ZoneGuard("gpu", FaultConfig(stuck_s=60.0))
-    steady = [guard.check("70.5", float(t), 300.0)[1] for t in range(0, 400, 10)]
+    steady = [_text(guard.check("70.5", float(t), 300.0)[1]) for t in range(0, 400, 10)]
     assert steady == [None] * 40  # steady load: an integer sensor may repeat for minutes
     guard = ZoneGuard("gpu", FaultConfig(stuck_s=60.0))
-    faults = [guard.check("70.5", float(t), 300.0 if t < 30 else 100.0)[1] for t in range(0, 90, 10)]
+    faults = [_text(guard.check("70.5", float(t), 300.0 if t < 30 else 100.0)[1]) for t in range(0, 90, 10)]
     assert faults[:6] == [None] * 6 and faults[6] == "gpu: stuck at 70.5 C for 60 s"  # 300 -> 100 W, no change
     assert guard.check("70.6", 90.0, 100.0) == (70.6, None)
     no_power = ZoneGuard("gpu", FaultConfig(stuck_s=60.0))
-    faults = [no_power.check("70.5", float(t))[1] for t in (0, 200, 240)]
+    faults = [_text(no_power.check("70.5", float(t))[1]) for t in (0, 200, 240)]
     assert faults[:2] == [None, None] and faults[2] == "gpu: stuck at 70.5 C for 240 s"
 
 
@@ -124,7 +136,8 @@ def test_nvml_read_error_is_a_fault():
     sensor = NvmlSensor(0, nvml=nvml, faults=FaultConfig(stale_s=0.0))
     assert sensor.read().temp_c == 70.0
     r = sensor.read()
-    assert r.temp_c is None and r.faults == ("gpu0: read error (FakeNvmlError: GPU is lost)",)
+    assert r.temp_c is None and tuple(map(str, r.faults)) == ("gpu0: read error (FakeNvmlError: GPU is lost)",)
+    assert r.faults[0].kind == "read_error" and r.lost == ("gpu0",)
 
 
 def test_nvml_missing_module_gives_install_hint(monkeypatch):
@@ -141,7 +154,7 @@ def test_replay_follows_the_clock(tmp_path):
     path = tmp_path / "trace.csv"
     path.write_text("t,temp_c,power_w,throttle\n0,50,10,0\n1,60,20,0\n2,,20,0\n3,99.5,30,1\n")
     clock = Clock()
-    sensor = ReplaySensor(path, clock=clock, trip_c=99.0, faults=FaultConfig(stale_s=0.0))
+    sensor = ReplaySensor(path, clock=clock, trip_c=99.0, faults=FaultConfig(stale_s=0.0, recover_s=0.0))
     got = []
     for t in (0.0, 1.5, 2.2, 3.0, 9.0):
         clock.t = t

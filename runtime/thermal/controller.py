@@ -6,6 +6,8 @@
 `step()` does one sample (tests drive it with a fake clock); `start()` runs it in a daemon thread.
 A window of fraction 1.0 is set as 0 (full attention); others as round(fraction * max_window), at least
 1. The op keeps the sink tokens; nothing here changes them. A locked LiveWindow is left alone and reported.
+Sensor faults are logged with their detail and counted by (zone, fault kind), fixed values fit for metric
+labels; a zone that was read and then lost is reported in `zones_lost` while it counts as hot.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 from edgeattn.errors import ConfigError
 from edgeattn.runtime.live_window import LiveWindow
+from edgeattn.runtime.thermal.faults import Fault
 from edgeattn.runtime.thermal.policies import Decision, Policy, PolicyState
 from edgeattn.runtime.thermal.readings import Reading, Sensor
 
@@ -40,7 +43,8 @@ class ThermalController:
         self.state = PolicyState()
         self.reading: Reading | None = None
         self.decision: Decision | None = None
-        self.fault_counts: Counter[str] = Counter()
+        self.fault_counts: Counter[tuple[str, str]] = Counter()  # (zone, fault kind) -> samples
+        self.zones: set[str] = set()  # every zone that has read or been lost
         self.changes = 0
         self.held_by_lock = False
         self._stop = threading.Event()
@@ -52,12 +56,11 @@ class ThermalController:
         try:
             reading = self.sensor.read()
         except Exception as exc:  # noqa: BLE001 - any sensor failure must end on the safe side
-            reading = Reading(t=self.clock(), faults=(f"sensor: read error ({type(exc).__name__}: {exc})",),
-                              trip_c=getattr(self.sensor, "trip_c", None))
+            fault = Fault("sensor", "read_error", f"read error ({type(exc).__name__}: {exc})")
+            reading = Reading(t=self.clock(), faults=(fault,), trip_c=getattr(self.sensor, "trip_c", None))
         decision = self.policy.decide(reading, self.state)
         for fault in reading.faults:
-            self.fault_counts[fault.split(" (holding")[0]] += 1
-            log.warning("thermal sensor fault: %s", fault)
+            log.warning("thermal sensor fault: %s", fault)  # the detail (value, raw text, duration) goes here
         target = window_for(decision.fraction, self.max_window)
         applied = True
         if target != self.window.get():
@@ -70,6 +73,8 @@ class ThermalController:
         self.held_by_lock = not applied
         with self._guard:
             self.state, self.reading, self.decision = decision.state, reading, decision
+            self.fault_counts.update((f.zone, f.kind) for f in reading.faults)  # fixed values: zone, kind
+            self.zones.update(reading.temps, reading.lost)
         return decision
 
     def _run(self) -> None:
@@ -103,6 +108,7 @@ class ThermalController:
         """Plain values for Prometheus gauges and responses (None where unknown)."""
         with self._guard:
             r, d = self.reading, self.decision
+            zones, counts = sorted(self.zones), sorted(self.fault_counts.items())
         window = self.window.get()
         return {
             "temp_c": r.temp_c if r else None,
@@ -118,7 +124,8 @@ class ThermalController:
             "time_to_trip_s": d.time_to_trip_s if d else None,
             "window_changes": self.changes,
             "locked": self.window.locked,
-            "sensor_faults": list(r.faults) if r else [],
-            "sensor_fault_counts": dict(self.fault_counts),
+            "zones_lost": {z: int(r is not None and z in r.lost) for z in zones},  # 1: counted as hot
+            "sensor_faults": [str(f) for f in r.faults] if r else [],
+            "sensor_fault_counts": {f"{zone}:{kind}": n for (zone, kind), n in counts},
             "running": self.running,
         }

@@ -37,8 +37,13 @@ class ThermalCollector:
                                      value=float(m["locked"]))
         yield core.CounterMetricFamily(f"{p}_thermal_window_changes", "Window changes made by the controller.",
                                        value=m["window_changes"])
-        faults = core.CounterMetricFamily(f"{p}_thermal_sensor_faults", "Sensor faults seen, by kind.",
-                                          labels=["fault"])
-        for fault, count in sorted(m["sensor_fault_counts"].items()):
-            faults.add_metric([fault], count)
+        lost = core.GaugeMetricFamily(f"{p}_thermal_zone_lost", "1 while a zone that was read before is faulted "
+                                      "or not yet trusted again: it counts as hot (smallest window).", labels=["zone"])
+        for zone, value in m["zones_lost"].items():
+            lost.add_metric([zone], float(value))
+        yield lost
+        faults = core.CounterMetricFamily(f"{p}_thermal_sensor_faults", "Sensor fault samples by zone and kind "
+                                          "(the detail is in the log).", labels=["zone", "kind"])
+        for key, count in m["sensor_fault_counts"].items():
+            faults.add_metric(key.rsplit(":", 1), count)
         yield faults

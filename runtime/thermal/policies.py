@@ -1,7 +1,8 @@
 """Window policies: pure functions of (reading, state) -> Decision. Sinks are never touched here.
 
 Levels are fractions of the model's max window, largest first (1.0 = full). Both policies go to the
-smallest level at once when the temperature is unknown (every zone faulted) or at the trip point, shrink
+smallest level at once when the temperature is unknown (every zone faulted, or a zone that had been read is
+lost) or at the trip point, shrink
 the window without delay, and grow it only after `min_hold_s` at the current level.
 """
 
@@ -45,8 +46,10 @@ def _move(state: PolicyState, level: int, t: float, reason: str, levels: tuple[f
 
 
 def _safety(reading: Reading, emergency_c: float) -> str:
+    if reading.lost:
+        return f"lost zone(s) {', '.join(reading.lost)}: read before, temperature unknown now, assuming hot"
     if reading.temp_c is None:
-        return "no valid temperature (" + ("; ".join(reading.faults) or "no zones") + "), assuming hot"
+        return "no valid temperature (" + ("; ".join(map(str, reading.faults)) or "no zones") + "), assuming hot"
     if reading.trip_c is not None and reading.temp_c >= reading.trip_c - emergency_c:
         return f"{reading.temp_c:.1f} C at the trip point {reading.trip_c:.1f} C (-{emergency_c:g})"
     return ""

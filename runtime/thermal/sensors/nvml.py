@@ -59,7 +59,8 @@ class NvmlSensor:
         return Reading(t=t, temps={self.zone: value} if value is not None else {},
                        power_w=power_mw / 1000.0 if power_mw is not None else None, clock_mhz=clock,
                        throttle=bool(reasons & (SW_THERMAL | HW_THERMAL)), trip_c=self.trip_c,
-                       faults=(fault,) if fault else ())
+                       faults=(fault,) if fault else (),
+                       lost=(self.zone,) if self._guard.lost else ())
 
     def close(self) -> None:
         try:

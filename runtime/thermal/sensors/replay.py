@@ -37,7 +37,8 @@ class ReplaySensor:
         throttle = "throttle" in self.trace.columns and self.trace["throttle"][i] == 1
         return Reading(t=now, temps={self.zone: value} if value is not None else {},
                        power_w=None if math.isnan(power) else float(power), throttle=bool(throttle),
-                       trip_c=self.trip_c, faults=(fault,) if fault else ())
+                       trip_c=self.trip_c, faults=(fault,) if fault else (),
+                       lost=(self.zone,) if self._guard.lost else ())
 
     def close(self) -> None:
         pass

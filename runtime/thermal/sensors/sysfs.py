@@ -104,7 +104,8 @@ class SysfsSensor:
                 temps[name] = value
             if fault:
                 faults.append(fault)
-        return Reading(t=t, temps=temps, power_w=power, trip_c=self.trip_c, faults=tuple(faults),
+        lost = tuple(name for name, guard in self._guards.items() if guard.lost)
+        return Reading(t=t, temps=temps, power_w=power, trip_c=self.trip_c, faults=tuple(faults), lost=lost,
                        throttle=self.trip_c is not None and bool(temps) and max(temps.values()) >= self.trip_c)
 
     def close(self) -> None:

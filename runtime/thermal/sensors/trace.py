@@ -63,7 +63,7 @@ def reading_row(r: Reading, t0: float, zones: list[str]) -> dict[str, object]:
     row: dict[str, object] = {"t": round(r.t - t0, 3), "temp_c": r.temp_c, "power_w": r.power_w,
                               "clock_mhz": r.clock_mhz, "throttle": int(r.throttle)}
     row.update({f"temp_{z}": r.temps.get(z) for z in zones})
-    row["faults"] = "; ".join(r.faults)
+    row["faults"] = "; ".join(map(str, r.faults))
     return row
 
 
