@@ -61,3 +61,7 @@ class FidelityError(EdgeAttnError):
     """A lossy stage (quantize, sparsify) ended below the fidelity floor its config set."""
 
     exit_code = 7
+
+
+class EdgeAttnWarning(UserWarning):
+    """Something the user should hear that does not stop the work (the CLI shows these; others' only with -v)."""

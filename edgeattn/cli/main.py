@@ -72,8 +72,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, help=__doc__, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgeattn")
-def cli() -> None:
-    pass
+@click.option("-v", "--verbose", count=True,
+              help="Show other libraries' warnings and logs (-v); also edgeattn's debug logs (-vv).")
+def cli(verbose: int) -> None:
+    from edgeattn.cli.verbosity import configure
+
+    configure(verbose)
 
 
 def main(argv: list[str] | None = None) -> None:
