@@ -44,6 +44,7 @@ class BuildConfig:
     parity_tolerance: float | None = None  # None: 1e-4, or for Q/DQ graphs 5% of the largest output magnitude
     name: str | None = None
     attention_body: str = "auto"  # auto | blocked | dense: the op's ONNX body (passes/attention_body.py)
+    as_inference: bool = False  # a training-mode export: remove Dropout instead of refusing (passes/inference_mode.py)
 
     def __post_init__(self) -> None:
         if self.attention_body not in ("auto", "blocked", "dense"):
@@ -81,6 +82,8 @@ def _run_passes(model: onnx.ModelProto, names: tuple[str, ...], ctx: PassContext
         graph_pass = load_pass(name)
         try:
             results.append(graph_pass(ir_model, ctx))
+        except (InputError, StrictModeError):
+            raise  # the user's to fix, already said in full
         except Exception as exc:
             done = ", ".join(r.name for r in results) or "none"
             raise BuildError(f"graph pass {name!r} failed ({exc}); passes before it: {done}") from exc

@@ -13,12 +13,13 @@ import onnx_ir.passes.common as common
 from onnxscript.rewriter import pattern
 
 from edgeattn.attention import DOMAIN, OP_TYPE, OPSET_VERSION
-from edgeattn.errors import ModelError
+from edgeattn.errors import ModelError, StrictModeError
 from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes import fuse_attention_masks as masks_mod
 from edgeattn.passes.fuse_attention_rules import SoftmaxAttention, StandardAttention
 
 WINDOW_INPUT = "attention_window"
+MIN_OPSET = 18  # the op's ONNX body (attention/onnx_function.py) reads Reduce* axes as inputs
 
 
 def _is(node: ir.Node, op_type: str) -> bool:
@@ -87,15 +88,22 @@ def _leftovers(graph: ir.Graph, failures: dict[str, str]) -> list[dict[str, str]
     return left
 
 
+def candidates(graph: ir.Graph) -> int:
+    """How many attention blocks the graph holds: softmax(.) V MatMuls and Attention nodes."""
+    return sum(1 for n in graph if _is(n, "Attention") or (_is(n, "Softmax") and _first_matmul_after(n)))
+
+
 def _label(node: ir.Node) -> str:
     return node.name or f"{node.op_type} -> {node.outputs[0].name}"
 
 
-def _first_matmul_after(node: ir.Node, casts: int = 3) -> ir.Node | None:
+def _first_matmul_after(node: ir.Node, hops: int = 3) -> ir.Node | None:
+    """The MatMul reading a softmax, through Casts and a NaN guard Where(IsNaN(w), 0, w)."""
     for use in node.outputs[0].uses():
         if _is(use.node, "MatMul"):
             return use.node
-        if casts and _is(use.node, "Cast") and (found := _first_matmul_after(use.node, casts - 1)):
+        passes = _is(use.node, "Cast") or (_is(use.node, "Where") and use.idx == 2)
+        if hops and passes and (found := _first_matmul_after(use.node, hops - 1)):
             return found
     return None
 
@@ -121,9 +129,12 @@ class FuseAttention:
         graph = model.graph
         already = _count(graph)
         opset = model.opset_imports.get("", 0)
-        if opset < 18:
-            return self._result(model, already, [], [f"attention left unfused: the op's ONNX body needs opset >= 18, "
-                                                     f"the model has opset {opset}"])
+        if opset < MIN_OPSET:
+            reason = f"the op's ONNX body needs opset >= {MIN_OPSET}, the model has opset {opset}"
+            left = [{"node": f"block {i}", "reason": reason} for i in range(candidates(graph))]
+            problems = [f"{len(left)} attention block(s) left unfused: {reason} (the upgrade-opset pass "
+                        f"upgrades opsets 13-17)"] if left else []
+            return self._strict(ctx, self._result(model, already, left, problems))
         common.ShapeInferencePass()(model)
         meanings, pad = _mask_meanings(model)
         window = _window_input(graph)
@@ -143,7 +154,17 @@ class FuseAttention:
             graph.inputs.remove(window)
         common.RemoveUnusedNodesPass()(model)
         problems = [f"attention block at {x['node']} left unfused: {x['reason']}" for x in left]
-        return self._result(model, already, left, problems, fused)
+        return self._strict(ctx, self._result(model, already, left, problems, fused))
+
+    @staticmethod
+    def _strict(ctx: PassContext, result: PassResult) -> PassResult:
+        """--strict: attention left unfused fails the build here, before any engine is built."""
+        left = result.details["unfused"]
+        if ctx.options.get("strict") and left:
+            total = len(left) + result.details["windowed_total"]
+            raise StrictModeError(f"--strict: expected every attention block fused, found {len(left)} of {total} "
+                                  f"left unfused; first: {left[0]['node']}: {left[0]['reason']}")
+        return result
 
     def _result(self, model, already, left, problems, fused: int = 0) -> PassResult:
         details = {"fused": fused, "already_windowed": already, "windowed_total": fused + already,

@@ -82,24 +82,34 @@ def _keys(op, kt: ir.Value):
 
 
 class SoftmaxAttention(_WindowedRule):
-    """MatMul(Softmax(MatMul(Q, K^T) [*|/ scale] [+ mask | Where(mask, ., -inf)]), V), up to two Casts."""
+    """MatMul(Softmax(MatMul(Q, K^T) [*|/ scale] [+ mask | Where(mask, ., -inf)]), V), up to two Casts.
 
-    def pattern(self, op, q, kt, v, qk_scale, mask, fill):
-        scores = op.MatMul(q, kt)
+    TorchScript's scaled_dot_product_attention (opsets 14-17) scales Q and K^T by sqrt(scale) each before
+    the MatMul and zeroes NaN rows after the softmax: Where(IsNaN(w), 0, w); both are taken too.
+    """
+
+    def pattern(self, op, q, kt, v, qk_scale, q_scale, k_scale, mask, fill, nan_fill):
+        scores = pattern.OrValue([op.MatMul(op.Mul(q, q_scale), op.Mul(kt, k_scale)), op.MatMul(q, kt)],
+                                 tag_var="prescaled", tag_values=[True, False])
         scores = pattern.OrValue([op.Mul(scores, qk_scale), op.Div(scores, qk_scale), scores],
                                  tag_var="scaling", tag_values=["Mul", "Div", "None"])
         scores = pattern.OrValue([op.Add(scores, mask), op.Where(mask, scores, fill), scores],
                                  tag_var="masking", tag_values=["add", "keep", "none"])
         weights = op.Softmax(scores, axis=-1)
-        weights = pattern.OrValue([op.Cast(op.Cast(weights)), op.Cast(weights), weights], tag_var="casts", tag_values=[2, 1, 0])  # TorchScript casts twice
+        weights = pattern.OrValue([op.Cast(op.Cast(weights)), op.Cast(weights), op.Where(op.IsNaN(weights), nan_fill, weights),
+                                   weights], tag_var="casts", tag_values=[2, 1, "nan", 0])  # TorchScript casts twice
         return op.MatMul(weights, v)
 
-    def check(self, context, q, kt, v, qk_scale=None, mask=None, fill=None, scaling="None", masking="none",
-              **_):
+    def check(self, context, q, kt, v, qk_scale=None, q_scale=None, k_scale=None, mask=None, fill=None,
+              nan_fill=None, scaling="None", masking="none", prescaled=False, casts=0, **_):
         if (_rank(q), _rank(kt), _rank(v)) != (4, 4, 4):
             return self._fail(context, f"Q, K^T, V ranks {(_rank(q), _rank(kt), _rank(v))}: expected 4-D [B, H, S, D] tensors")
         if scaling != "None" and not _scalar(qk_scale):
             return self._fail(context, "the score scale is not a non-zero constant")
+        if prescaled and not (_scalar(q_scale) and _scalar(k_scale)):
+            return self._fail(context, "Q or K^T is scaled by something other than a non-zero constant")
+        if casts == "nan" and _scalar(nan_fill) != 0.0:
+            return self._fail(context, "Where(IsNaN(softmax), fill, softmax) with a fill that is not 0")
         if masking == "keep" and not ((_scalar(fill) or 0.0) <= -1e4):
             return self._fail(context, "Where(mask, scores, fill) with a fill that is not -inf")
         meaning = MaskMeaning(False, False) if masking == "none" else self.masks.get(mask.name, "the mask was not probed")
@@ -107,8 +117,11 @@ class SoftmaxAttention(_WindowedRule):
             return self._fail(context, meaning)
         return pattern.MatchResult()
 
-    def rewrite(self, op, q, kt, v, qk_scale=None, mask=None, fill=None, scaling="None", masking="none", **_):
+    def rewrite(self, op, q, kt, v, qk_scale=None, q_scale=None, k_scale=None, mask=None, scaling="None",
+                masking="none", prescaled=False, **_):
         scale = {"None": 1.0, "Mul": _scalar(qk_scale), "Div": 1.0 / (_scalar(qk_scale) or 1.0)}[scaling]
+        if prescaled:
+            scale *= _scalar(q_scale) * _scalar(k_scale)
         meaning = MaskMeaning(False, False) if masking == "none" else self.masks[mask.name]
         k, k_plain = _keys(op, kt)
         k0, v0 = (_unrepeated(k_plain), _unrepeated(v)) if k_plain is not None else (None, None)

@@ -2,6 +2,7 @@
 
     x * (0.5 * (erf(x / sqrt(2)) + 1))   and the orderings  (x * (erf(..) + 1)) * 0.5,  x / sqrt2 as x * (1 / sqrt2)
       -> com.microsoft.Gelu(x)
+The constants may be initializers (dynamo) or Constant nodes (TorchScript).
 
 Dynamo exports of BERT-family models spell GELU as the first form, which ONNX Runtime's own GeluFusion does
 not match, leaving five element-wise ops per MLP. TensorRT targets are left alone (TensorRT fuses GELU).
@@ -20,9 +21,11 @@ MS = "com.microsoft"
 
 
 def _scalar(value: ir.Value | None) -> float | None:
-    if value is None or value.const_value is None:
+    """A one-element constant: an initializer or a Constant node's output (TorchScript's spelling)."""
+    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    if tensor is None:
         return None
-    a = value.const_value.numpy()
+    a = tensor.numpy()
     return float(a.reshape(())) if a.size == 1 else None
 
 
@@ -49,7 +52,7 @@ def match(erf: ir.Node) -> tuple[ir.Value, ir.Node] | str:
     x = scale.inputs[0]
     c = _scalar(scale.inputs[1])
     if not (_close(c, math.sqrt(2)) if scale.op_type == "Div" else _close(c, 1 / math.sqrt(2))):
-        return f"Erf input is x {scale.op_type} {c}, not x / sqrt(2)"
+        return f"Erf input is x {scale.op_type} {'a non-constant' if c is None else c}, not x / sqrt(2)"
     add = _only_use(erf.outputs[0], "Add")
     if add is None or not _close(_scalar(_other(add, erf.outputs[0])), 1.0):
         return "Erf output is not followed by + 1"
@@ -83,7 +86,8 @@ class FuseGeluForCpu:
                 continue
             x, last = found
             gelu = ir.node("Gelu", [x], domain=MS, name=f"{last.name or 'gelu'}/gelu")
-            gelu.outputs[0].dtype, gelu.outputs[0].shape = last.outputs[0].dtype, last.outputs[0].shape
+            if last.outputs[0].dtype is not None:  # an untyped value stays untyped (Tensor(None) cannot be saved)
+                gelu.outputs[0].dtype, gelu.outputs[0].shape = last.outputs[0].dtype, last.outputs[0].shape
             graph.insert_before(last, [gelu])
             replace_value(graph, last.outputs[0], gelu.outputs[0])
             fused += 1

@@ -8,6 +8,8 @@ from edgeattn.errors import ConfigError
 from edgeattn.passes import GraphPass
 
 PASSES: dict[str, str] = {
+    "inference-mode": "edgeattn.passes.inference_mode:InferenceMode",  # refuse or strip training-mode nodes first
+    "upgrade-opset": "edgeattn.passes.upgrade_opset:UpgradeOpset",  # opsets 13-17 -> 18, before fusion
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "attention-body": "edgeattn.passes.attention_body:AttentionBody",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
