@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import re
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,6 +20,7 @@ from edgeattn.engines.builder import builder_for
 from edgeattn.errors import BuildError, BundleError, ConfigError, InputError, StrictModeError
 from edgeattn.bundle.manifest import MANIFEST_NAME, REPORT_NAME, Manifest, check_model_name
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.inference_mode import inference_reference
 from edgeattn.passes.registry import DEFAULT_PASSES, load_pass
 from edgeattn.precision import summarize
 from edgeattn.shapes import Range, check_range, plan
@@ -117,8 +119,10 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         progress(f"engine for {target.name} ({target.backend})")
         artifact = builder_for(target.backend)(staging / PROCESSED_NAME, staging, target, config, shape_plan)
         quantized = summarize(source)["qdq_nodes"] > 0
-        parity = _parity(model_path, staging / artifact.artifact, processed_sig, shape_plan, config, artifact,
-                         quantized)
+        with tempfile.TemporaryDirectory() as tmp:  # --as-inference: check against the source as inference
+            reference = inference_reference(source, Path(tmp), model_path.stem) if config.as_inference else model_path
+            parity = _parity(reference, staging / artifact.artifact, processed_sig, shape_plan, config, artifact,
+                             quantized)
         progress("parity: " + _parity_line(parity))
         problems = [p for r in results for p in r.problems] + artifact.problems
         if config.strict and problems:

@@ -96,7 +96,10 @@ class FuseGeluForCpu:
             import onnx_ir.passes.common as common
 
             common.RemoveUnusedNodesPass()(model)
-        return PassResult(self.name, fused > 0, f"{fused} GELU(s) -> com.microsoft.Gelu", {"fused": fused}, problems)
+        native = sum(1 for n in graph if n.op_type == "Gelu" and n.domain in ("", "ai.onnx"))  # opset 20's op
+        summary = f"{fused} GELU(s) -> com.microsoft.Gelu" + (f", {native} already the Gelu op" if native else "")
+        return PassResult(self.name, fused > 0, summary,
+                          {"fused": fused, "native": native, "unfused": len(problems)}, problems)
 
 
 __all__ = ["FuseGeluForCpu", "match"]

@@ -10,6 +10,9 @@ running statistics, and the pass reports each node it changed.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import onnx
 import onnx_ir as ir
 
 from edgeattn.errors import InputError
@@ -55,6 +58,17 @@ def _to_inference(graph: ir.Graph, node: ir.Node) -> str | None:
     else:
         node.attributes["training_mode"] = ir.AttrInt64("training_mode", 0)
     return None
+
+
+def inference_reference(source: onnx.ModelProto, folder: Path, stem: str) -> Path:
+    """The source with its training-mode nodes rewritten, saved in `folder`: what an --as-inference
+    build is checked against (the training-mode source itself is random)."""
+    model = ir.serde.deserialize_model(source)
+    for node, _ in training_nodes(model.graph):
+        _to_inference(model.graph, node)
+    path = Path(folder) / f"{stem}-as-inference.onnx"
+    onnx.save(ir.serde.serialize_model(model), str(path))
+    return path
 
 
 def _label(node: ir.Node) -> str:
