@@ -1,4 +1,4 @@
-"""Step time of the 2:4 distillation fine-tune (edgeattn.quantize.sparsity.finetune) by batch size.
+"""Step time of the 2:4 distillation fine-tune (edgeattn.quantize.distillation, sparsity settings) by batch size.
 
     python benchmarks/finetune_speed.py --device cuda [--bf16]
 
@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from edgeattn.quantize.sparsity.masks import sparsify_
-from edgeattn.quantize.sparsity.finetune import FinetuneConfig, distill_
+from edgeattn.quantize.distillation import distill, sparsity_finetune
 
 SHAPES = {"encoder": [(128, 48), (256, 48), (512, 48)], "decoder": [(32, 256), (64, 256), (32, 512)]}
 
@@ -50,7 +50,7 @@ def step_ms(kind: str, batch: int, seq: int, device: str, bf16: bool, steps: int
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        distill_(student, teacher, batches(), kind, FinetuneConfig(steps=n, batch=batch, seq_len=seq, bf16=bf16))
+        distill(student, teacher, batches(), kind, sparsity_finetune(kind, steps=n, bf16=bf16, device=device))
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)

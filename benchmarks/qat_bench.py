@@ -37,9 +37,9 @@ def run_case(name: str, steps: int | None, opts: argparse.Namespace | None = Non
 
     from edgeattn import hf_models
     from edgeattn.quantize import DistillConfig, calibrate, config_from_name, distill, export_qdq, quantize_
-    from edgeattn.quantize.evaluate import fidelity, heldout_texts, training_texts
+    from edgeattn import text
+    from edgeattn.quantize.evaluate import fidelity
     from edgeattn.quantize.fidelity import onnx_forward, torch_forward
-    from edgeattn.quantize.pipeline import training_examples
 
     model_name, cfg_name, block, default_steps, batch, seq, eval_seq = CASES[name]
     steps = default_steps if steps is None else steps
@@ -51,12 +51,12 @@ def run_case(name: str, steps: int | None, opts: argparse.Namespace | None = Non
     alpha = getattr(o, "smooth", None)
     torch.manual_seed(0)
     model, tok, kind = hf_models.load(getattr(o, "model_dir", None) or model_name)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     config = config_from_name(cfg_name, block_size=block)
     teacher = copy.deepcopy(model)
-    examples = training_examples(tok, training_texts(kind), kind, seq)
-    held = heldout_texts(kind)
+    docs = text.lee_documents()  # decoders: the last 20% held out (the split the documented results used)
+    train = docs[:int(len(docs) * 0.8)] if kind == "decoder" else docs
+    examples = text.padded_examples(tok, train, kind, seq)
+    held = docs[int(len(docs) * 0.8):] if kind == "decoder" else text.polarity_sentences()
     if device == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
     ref = _on(torch_forward(teacher.to(device), kind), device)
@@ -75,8 +75,8 @@ def run_case(name: str, steps: int | None, opts: argparse.Namespace | None = Non
     calibrate(model, calib)
     ptq = fidelity(kind, ref, _on(torch_forward(model, kind), device), tok, held, eval_seq)
     print(name, "PTQ", ptq, flush=True)
-    losses = distill(model, teacher, examples, kind, DistillConfig(steps=steps, batch_size=batch, lr=lr, scale_lr=scale_lr,
-                                                                   device=device, lr_schedule=schedule))
+    losses = distill(model, teacher, text.sampled_batches(examples, batch), kind,
+                     DistillConfig(steps=steps, lr=lr, scale_lr=scale_lr, device=device, lr_schedule=schedule)).losses
     train_s = time.time() - t0
     qat = fidelity(kind, ref, _on(torch_forward(model, kind), device), tok, held, eval_seq)
     print(name, "QAT (torch)", qat, f"{train_s:.0f} s", flush=True)

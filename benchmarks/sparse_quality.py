@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from edgeattn import hf_models
-from edgeattn.quantize.data import polarity_sentences
-from edgeattn.quantize.data import sentences as data_sentences
+from edgeattn.quantize.distillation import distill, sparsity_finetune
 from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
-from edgeattn.quantize.sparsity.finetune import FinetuneConfig, distill_, read_texts, text_batches
+from edgeattn.text import polarity_sentences, read_texts, stream_batches
+from edgeattn.text import sentences as data_sentences
 
 HELD_OUT_DOCS = 30
 
@@ -136,9 +136,10 @@ def main() -> None:
     student = copy.deepcopy(dense)
     docs = read_texts()
     train_docs, eval_docs = docs[:-HELD_OUT_DOCS], docs[-HELD_OUT_DOCS:][:args.eval_docs]
-    ft = FinetuneConfig(steps=args.steps, lr=args.lr, batch=args.batch, seq_len=args.seq_len,
-                        time_budget_s=args.time_budget_s, bf16=args.bf16, train_embeddings=args.train_embeddings,
-                        cosine_weight=args.cosine_weight, length_grouping=args.length_grouping)
+    ft = sparsity_finetune(kind, steps=args.steps, lr=args.lr, time_budget_s=args.time_budget_s, bf16=args.bf16,
+                           train_embeddings=args.train_embeddings, device=args.device,
+                           output_weight=1.0 if kind == "decoder" else args.cosine_weight)
+    batching = dict(batch_size=args.batch, seq_len=args.seq_len, length_grouping=args.length_grouping)
     if args.repeat_train_docs < 1:
         parser.error(f"--repeat-train-docs: expected >= 1, found {args.repeat_train_docs}")
     train_text = train_docs * args.repeat_train_docs
@@ -147,8 +148,8 @@ def main() -> None:
     for path in args.text_file:
         train_text += read_texts(path)
     print(f"fine-tuning text: {len(train_text)} documents", flush=True)
-    calib = text_batches(tok, train_docs, kind, FinetuneConfig(batch=8, seq_len=args.seq_len, seed=1,
-                                                          length_grouping=args.length_grouping))
+    calib = stream_batches(tok, train_docs, kind, batch_size=8, seq_len=args.seq_len, seed=1,
+                           length_grouping=args.length_grouping)
     calib = [next(calib) for _ in range(args.calib_batches)]
     t0 = time.time()
     student.to(args.device)  # calibrated pruning runs where the model is
@@ -174,12 +175,13 @@ def main() -> None:
         print(f"{label:28} {json.dumps(figures[label])}", flush=True)
 
     reference = None if kind == "decoder" else embeddings(dense, tok, sentences)
-    news_sentences = data_sentences(eval_docs)[:400]  # held-out news (never trained on): a second domain
+    news_sentences = data_sentences(eval_docs, min_words=4)[:400]  # held-out news (never trained on): a second domain
     news_reference = None if kind == "decoder" else embeddings(dense, tok, news_sentences)
     measure("dense fp32", dense)
     measure("2:4 pruned, no fine-tune", student)
     t0 = time.time()
-    figures["finetune"] = distill_(student, dense, text_batches(tok, train_text, kind, ft), kind, ft, progress=print)
+    result = distill(student, dense, stream_batches(tok, train_text, kind, **batching), kind, ft, log=print)
+    figures["finetune"] = {**result.section(ft), "config": {**ft.as_dict(), **batching}}
     measure("2:4 + fine-tune", student)
     ok = all(is_two_four(m.weight) for m in masked_layers(student).values())
     print(f"all {len(masked_layers(student))} masked weights still 2:4 after fine-tuning: {ok} "

@@ -93,7 +93,7 @@ def kind_of(config) -> str:
 
 
 def load(name_or_dir: str | Path, *, attn_implementation: str = "eager"):
-    """(model, tokenizer, kind) in float32, eval mode."""
+    """(model, tokenizer, kind) in float32, eval mode; the tokenizer pads (with EOS when it had no pad token)."""
     transformers = require("transformers", "loading Hugging Face models")
     path = resolve(name_or_dir)
     config = transformers.AutoConfig.from_pretrained(str(path))
@@ -104,4 +104,6 @@ def load(name_or_dir: str | Path, *, attn_implementation: str = "eager"):
     except OSError as exc:
         raise ModelError(f"could not load {path}: {exc}") from None
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token is None and tok.eos_token is not None:  # causal LMs: batches are padded with EOS
+        tok.pad_token = tok.eos_token
     return model.eval(), tok, kind

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from edgeattn.errors import ConfigError
-from edgeattn.quantize.config import FP8Config, QuantConfig, W4Config, W8A8Config
+from edgeattn.quantize.config import QuantConfig
 from edgeattn.quantize.qlinear import QuantLinear
 
 
@@ -27,14 +27,31 @@ class QuantizeReport:
                 "shared_inputs": self.shared_inputs}
 
 
-def _wrap_linear(linear: nn.Linear, config: QuantConfig) -> QuantLinear:
-    return QuantLinear(linear, config)
+Handler = Callable[[nn.Linear, QuantConfig], nn.Module]
+
+# The config's type selects the handler (torchao style): the nearest registered class in its MRO.
+# QuantLinear serves every QuantConfig; a config that needs another module registers its own.
+HANDLERS: dict[type, Handler] = {QuantConfig: QuantLinear}
 
 
-# The config's type selects the handler (torchao style); a new config type registers its own.
-HANDLERS: dict[type, Callable[[nn.Linear, QuantConfig], nn.Module]] = {
-    W8A8Config: _wrap_linear, W4Config: _wrap_linear, FP8Config: _wrap_linear,
-}
+def register_handler(config_type: type) -> Callable[[Handler], Handler]:
+    """Decorator: `handler(linear, config) -> module` replaces each Linear quantized with `config_type`."""
+    if not (isinstance(config_type, type) and issubclass(config_type, QuantConfig)):
+        raise ConfigError(f"register_handler: expected a QuantConfig subclass, found {config_type!r}")
+
+    def add(handler: Handler) -> Handler:
+        HANDLERS[config_type] = handler
+        return handler
+
+    return add
+
+
+def handler_for(config: QuantConfig) -> Handler:
+    for cls in type(config).__mro__:
+        if cls in HANDLERS:
+            return HANDLERS[cls]
+    raise ConfigError(f"no quantization handler for {type(config).__name__}: expected a QuantConfig subclass "
+                      f"(register one with register_handler)")
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -43,15 +60,17 @@ def _is_linear(module: nn.Module) -> bool:
 
 def check_config(model: nn.Module, config: QuantConfig) -> None:
     """Raise ConfigError for a layer the config cannot quantize (before any module is replaced)."""
-    if type(config) not in HANDLERS:
-        raise ConfigError(f"no quantization handler for {type(config).__name__}: expected one of "
-                          f"{', '.join(t.__name__ for t in HANDLERS)}")
+    handler_for(config)
     for name, module in model.named_modules():
         if not _is_linear(module):
             continue
         layer = config.for_layer(name)
-        if isinstance(layer, W4Config) and module.in_features % layer.block_size:
-            raise ConfigError(f"block size {layer.block_size} does not divide the input dimension of {name} "
+        if layer is None:
+            continue
+        handler_for(layer)
+        group = layer.weight_group
+        if isinstance(group, int) and module.in_features % group:
+            raise ConfigError(f"block size {group} does not divide the input dimension of {name} "
                               f"({module.in_features}); expected a divisor such as 32, 64 or 128")
 
 
@@ -67,7 +86,7 @@ def quantize_(model: nn.Module, config: QuantConfig) -> QuantizeReport:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, HANDLERS[type(layer)](linear, layer))
+        setattr(parent, child, handler_for(layer)(linear, layer))
         report.quantized[name] = layer.name
     if config.share_input_quantizers:
         report.shared_inputs = share_input_quantizers(model)

@@ -1,13 +1,24 @@
-"""Typed quantization configs: frozen, validated on construction, serialisable with a type tag and version."""
+"""Typed quantization configs: frozen, validated on construction, serialisable with a type tag and version.
+
+Configs dispatch through a public registry (the torchao pattern): `register_config` adds a `QuantConfig`
+subclass under its `name` (the CLI's `--config` choices are the registry's names), and
+`edgeattn.quantize.api.register_handler` says which module replaces a Linear for it (QuantLinear, driven by
+the class attributes `weight_format`, `weight_group` and `quantize_inputs`, unless another is registered).
+A config is one file: every module in `edgeattn/quantize/configs/` (fp8.py, for one) is imported with this one.
+"""
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, fields, replace
+import importlib
+import pkgutil
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import ClassVar
 
 from edgeattn.errors import ConfigError
 
 OBSERVERS = ("max", "percentile", "mse")
+WEIGHT_FORMATS = ("int8", "int4", "fp8")
 BLOCK_SIZES = (32, 64, 128)
 CONFIG_VERSION = 1
 
@@ -31,7 +42,14 @@ class LayerOverride:
 
 
 @dataclass(frozen=True)
-class _Base:
+class QuantConfig:
+    """Base of every quantization config: the options shared by all (observers, learned scales, per-layer
+    overrides). A subclass sets `name` and how weights and inputs are quantized."""
+
+    name: ClassVar[str] = ""  # the registry key and the --config choice
+    weight_format: ClassVar[str] = "int8"  # one of WEIGHT_FORMATS
+    quantize_inputs: ClassVar[bool] = True  # also fake-quantize each Linear's input (per tensor)
+
     weight_observer: str = "max"
     act_observer: str = "percentile"
     percentile: float = 99.99  # for the percentile observer, in percent of |x|
@@ -55,19 +73,45 @@ class _Base:
                 chosen = None if o.config is None else replace(o.config, overrides=())
         return chosen
 
+    @property
+    def weight_group(self) -> str | int:
+        """'channel' (one scale per output channel) or a block size (one scale per that many inputs)."""
+        return "channel"
 
+
+CONFIGS: dict[str, type[QuantConfig]] = {}  # name -> config class, in registration order
+
+
+def register_config(cls: type[QuantConfig]) -> type[QuantConfig]:
+    """Class decorator: add a frozen QuantConfig subclass to the registry under `cls.name`."""
+    if not (isinstance(cls, type) and issubclass(cls, QuantConfig) and is_dataclass(cls)):
+        raise ConfigError(f"register_config: expected a QuantConfig dataclass, found {cls!r}")
+    if not cls.name or cls.name in CONFIGS and CONFIGS[cls.name] is not cls:
+        taken = f", which {CONFIGS[cls.name].__qualname__} has" if cls.name in CONFIGS else ""
+        raise ConfigError(f"register_config: expected a new name for {cls.__qualname__}, found {cls.name!r}{taken}")
+    if cls.weight_format not in WEIGHT_FORMATS:
+        raise ConfigError(f"{cls.__qualname__}.weight_format: expected one of {', '.join(WEIGHT_FORMATS)}, "
+                          f"found {cls.weight_format!r}")
+    CONFIGS[cls.name] = cls
+    return cls
+
+
+@register_config
 @dataclass(frozen=True)
-class W8A8Config(_Base):
+class W8A8Config(QuantConfig):
     """INT8 weights (per output channel, symmetric) and INT8 activations (per tensor, symmetric)."""
 
     name = "w8a8"
 
 
+@register_config
 @dataclass(frozen=True)
-class W4Config(_Base):
+class W4Config(QuantConfig):
     """INT4 block-wise weight-only (symmetric, one scale per `block_size` inputs of each output channel)."""
 
     name = "w4"
+    weight_format = "int4"
+    quantize_inputs = False
     block_size: int = 32
     weight_observer: str = "mse"
 
@@ -76,17 +120,14 @@ class W4Config(_Base):
         if self.block_size not in BLOCK_SIZES:
             raise ConfigError(f"block_size: expected one of {', '.join(map(str, BLOCK_SIZES))}, found {self.block_size}")
 
-
-@dataclass(frozen=True)
-class FP8Config(_Base):
-    """FP8 E4M3 weights (per output channel) and activations (per tensor); for targets with FP8 (h100, thor)."""
-
-    name = "fp8"
-    act_observer: str = "max"
+    @property
+    def weight_group(self) -> int:
+        return self.block_size
 
 
-QuantConfig = W8A8Config | W4Config | FP8Config
-CONFIGS: dict[str, type] = {"w8a8": W8A8Config, "w4": W4Config, "fp8": FP8Config}
+def config_names() -> list[str]:
+    """The registered config names, in registration order (the CLI's --config choices)."""
+    return list(CONFIGS)
 
 
 def config_from_name(name: str, **kwargs) -> QuantConfig:
@@ -94,9 +135,10 @@ def config_from_name(name: str, **kwargs) -> QuantConfig:
         cls = CONFIGS[name]
     except KeyError:
         raise ConfigError(f"quantization config: expected one of {', '.join(CONFIGS)}, found {name!r}") from None
-    if "block_size" in kwargs and cls is not W4Config:
+    if "block_size" in kwargs and "block_size" not in {f.name for f in fields(cls)}:
         if kwargs["block_size"] is not None:
-            raise ConfigError(f"--block-size applies to w4 only, found it with {name}")
+            with_blocks = [n for n, c in CONFIGS.items() if "block_size" in {f.name for f in fields(c)}]
+            raise ConfigError(f"--block-size applies to {', '.join(with_blocks)} only, found it with {name}")
         kwargs.pop("block_size")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     return cls(**kwargs)
@@ -119,5 +161,16 @@ def config_from_dict(data: dict) -> QuantConfig:
     return config_from_name(kind, overrides=overrides, **data)
 
 
-__all__ = ["LayerOverride", "W8A8Config", "W4Config", "FP8Config", "QuantConfig", "CONFIGS",
-           "config_from_name", "config_to_dict", "config_from_dict"]
+def _load_config_files() -> None:
+    """Import every module of edgeattn/quantize/configs/: each registers its config(s)."""
+    from edgeattn.quantize import configs
+
+    for info in sorted(pkgutil.iter_modules(configs.__path__), key=lambda i: i.name):
+        importlib.import_module(f"{configs.__name__}.{info.name}")
+
+
+_load_config_files()
+from edgeattn.quantize.configs.fp8 import FP8Config  # noqa: E402  (registered third: w8a8, w4, fp8)
+
+__all__ = ["LayerOverride", "W8A8Config", "W4Config", "FP8Config", "QuantConfig", "CONFIGS", "WEIGHT_FORMATS",
+           "register_config", "config_names", "config_from_name", "config_to_dict", "config_from_dict"]

@@ -24,58 +24,39 @@ class EvalJob:
             raise ConfigError(f"seq_len: expected >= 8, found {self.seq_len}")
 
 
-def heldout_texts(kind: str) -> list[str]:
-    """Default held-out text: polarity sentences (encoders), the last 20% of Lee documents (decoders)."""
-    from edgeattn.quantize import data
-
-    if kind == "decoder":
-        docs = data.lee_documents()
-        return docs[int(len(docs) * 0.8):]
-    return data.polarity_sentences()
-
-
-def training_texts(kind: str) -> list[str]:
-    from edgeattn.quantize import data
-
-    docs = data.lee_documents()
-    return docs[:int(len(docs) * 0.8)] if kind == "decoder" else docs
-
-
 def fidelity(kind: str, reference, candidate, tokenizer, texts: list[str], seq_len: int) -> dict:
     """Encoders: cosine of sentence embeddings (mean, min); decoders: perplexity of both and the ratio."""
-    from edgeattn.quantize import data, fidelity as fid
+    from edgeattn import text
+    from edgeattn.quantize import fidelity as fid
 
     if kind == "decoder":
-        chunks = fid.token_chunks(tokenizer, texts, seq_len)
+        chunks = text.token_chunks(tokenizer, texts, seq_len)
         if chunks.shape[0] == 0:
             raise ConfigError(f"held-out text: expected at least {seq_len} tokens, found fewer")
         ref, cand = fid.perplexity(reference, chunks), fid.perplexity(candidate, chunks)
         return {"ppl_float": ref, "ppl": cand, "ppl_increase_pct": 100.0 * (cand / ref - 1.0)}
-    batches = list(data.batches(tokenizer, texts, 16, seq_len))
+    batches = list(text.eval_batches(tokenizer, texts, 16, seq_len))
     c = fid.embedding_cosines(reference, candidate, batches)
     return {"cos_mean": float(c.mean()), "cos_min": float(c.min()), "n": int(c.size)}
 
 
 def evaluate(job: EvalJob, progress=lambda m: None) -> list[dict]:
     from edgeattn import hf_models
-    from edgeattn.quantize import data, fidelity as fid
+    from edgeattn import text
+    from edgeattn.quantize import fidelity as fid
     from edgeattn.quantize.api import calibrate, quantize_
     from edgeattn.quantize.config import config_from_name
-    from edgeattn.quantize.pipeline import training_examples
 
     config = config_from_name(job.ptq_config, block_size=job.block_size) if job.ptq_config else None
     model, tok, kind = hf_models.load(job.model)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    texts = data.read_lines(job.text) if job.text else heldout_texts(kind)
+    texts = text.read_lines(job.text) if job.text else text.heldout_texts(kind)
     reference = fid.torch_forward(model, kind)
     rows = [{"what": f"onnx {job.onnx.name}", **fidelity(kind, reference, fid.onnx_forward(job.onnx), tok, texts, job.seq_len)}]
     if config is not None:
-        calib = data.read_lines(job.calib) if job.calib else training_texts(kind)
+        calib = text.read_texts(job.calib)
         ptq = copy.deepcopy(model)
         quantize_(ptq, config)
-        ex = training_examples(tok, calib, kind, 64)
-        calibrate(ptq, [{k: v[i:i + 16] for k, v in ex.items()} for i in range(0, min(128, ex["input_ids"].shape[0]), 16)])
+        calibrate(ptq, text.leading_batches(text.padded_examples(tok, calib, kind, 64), 16, 8))
         progress(f"PTQ {config.name}: calibrated")
         rows.append({"what": f"ptq {config.name}", **fidelity(kind, reference, fid.torch_forward(ptq, kind), tok, texts, job.seq_len)})
     return rows

@@ -4,7 +4,7 @@ A student distilled from its teacher only learns to match it on the text it sees
 documents leave the rest of the language unseen. `generate_documents` asks a causal LM (an instruct
 model such as SmolLM2) for short texts across many genres and topics, sampling, so the distillation text
 covers far more ground. The output is one document a line: what `edgeattn sparsify --calib` and
-`read_texts` take. For a decoder, text sampled from the teacher itself is also the distribution its KL
+`edgeattn.text.read_texts` take. For a decoder, text sampled from the teacher itself is also the distribution its KL
 loss is measured on.
 """
 
@@ -114,7 +114,10 @@ def write_distill_text(model_name: str | Path, out: str | Path, config: Generate
     from edgeattn import hf_models
     from edgeattn.errors import ModelError
 
+    from edgeattn.gpu import resolve_device
+
     torch = require("torch", "generating distillation text")
+    device = resolve_device(device)  # a CUDA device that is not there fails before the model loads
     model, tok, kind = hf_models.load(model_name, attn_implementation="sdpa")
     if kind != "decoder":
         raise ModelError(f"{model_name}: expected a causal language model to write text, found an encoder")

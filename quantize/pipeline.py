@@ -1,7 +1,7 @@
-"""The whole QAT job: Hugging Face model + text -> calibrated, distilled, Q/DQ ONNX (and fidelity).
+"""The whole QAT job: Hugging Face model + text -> calibrated, distilled, Q/DQ ONNX, with its fidelity.
 
 Every input is checked before any training starts: config, block size against every Linear,
-calibration text, model folder and weights."""
+calibration text, model folder and weights, and that a fidelity floor fits the model's kind."""
 
 from __future__ import annotations
 
@@ -31,9 +31,13 @@ class QuantizeJob:
     checkpoint_dir: Path | None = None
     seed: int = 0
     smooth_alpha: float | None = None  # SmoothQuant-style scaling before W8A8 / FP8 (Llama-family decoders)
+    min_cosine: float | None = None  # encoders: fail below this mean embedding cosine on held-out text
+    max_ppl_increase: float | None = None  # decoders: fail above this perplexity increase, in percent
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from edgeattn.quantize.fidelity import check_floor_values
+
         if self.steps < 0 or self.batch_size < 1 or self.seq_len < 8 or self.calib_batches < 1:
             raise ConfigError(f"expected steps >= 0, batch_size >= 1, seq_len >= 8, calib_batches >= 1; found "
                               f"{self.steps}, {self.batch_size}, {self.seq_len}, {self.calib_batches}")
@@ -41,36 +45,22 @@ class QuantizeJob:
             raise ConfigError(f"smooth_alpha: expected 0 <= alpha <= 1, found {self.smooth_alpha}")
         if not str(self.out).endswith(".onnx"):
             raise ConfigError(f"out: expected a path ending in .onnx, found {self.out}")
-
-
-def training_examples(tokenizer, texts: list[str], kind: str, seq_len: int):
-    """Equal-length examples: sentences padded to seq_len (encoders), token chunks (decoders)."""
-    import torch
-
-    from edgeattn.quantize import data
-    from edgeattn.quantize.fidelity import token_chunks
-
-    if kind == "decoder":
-        ids = token_chunks(tokenizer, texts, seq_len)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    enc = tokenizer(data.sentences(texts) or texts, padding="max_length", truncation=True, max_length=seq_len,
-                    return_tensors="pt")
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        check_floor_values(self.min_cosine, self.max_ppl_increase)
 
 
 def prepare(job: QuantizeJob, progress: Progress = lambda m: None):
     """Load and check everything; returns (float model, tokenizer, kind, examples). No training yet."""
     from edgeattn import hf_models
     from edgeattn.errors import InputError
-    from edgeattn.quantize import data
+    from edgeattn import text
     from edgeattn.quantize.api import check_config
+    from edgeattn.quantize.fidelity import check_floor_kind
 
-    texts = list(job.texts) or data.lee_documents()
+    texts = list(job.texts) or text.lee_documents()
     model, tok, kind = hf_models.load(job.model)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    check_floor_kind(kind, job.min_cosine, job.max_ppl_increase)
     check_config(model, job.config)
-    examples = training_examples(tok, texts, kind, job.seq_len)
+    examples = text.padded_examples(tok, texts, kind, job.seq_len)
     n = examples["input_ids"].shape[0]
     need = max(job.batch_size if job.steps else 1, 1)
     if n < need:
@@ -90,16 +80,20 @@ class QuantizeResult:
 
 
 def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> QuantizeResult:
-    """prepare -> quantize_ -> calibrate -> distill -> export_qdq. Returns a manifest-style section."""
+    """prepare -> quantize_ -> calibrate -> distill -> fidelity -> export_qdq. Returns a manifest-style section.
+
+    Raises FidelityError (nothing written) when the result is below the job's floor."""
+    from edgeattn import text
     from edgeattn.quantize.api import calibrate, quantize_
     from edgeattn.quantize.distillation import DistillConfig, distill, init_distributed
+    from edgeattn.quantize.fidelity import Probe, check_floor, describe, far_from_full_run
     from edgeattn.quantize.qdq_export import export_qdq
 
     model, tok, kind, examples = prepare(job, progress)
-    rank, _ = init_distributed()  # under torchrun: one process group, rank 0 exports
+    rank, _ = init_distributed()  # under torchrun: one process group, rank 0 measures and exports
+    probe = Probe.measure(model, tok, kind) if rank == 0 else None
     teacher = copy.deepcopy(model)
-    calib = [{k: v[i:i + job.batch_size] for k, v in examples.items()}
-             for i in range(0, min(examples["input_ids"].shape[0], job.calib_batches * job.batch_size), job.batch_size)]
+    calib = text.leading_batches(examples, job.batch_size, job.calib_batches)
     smoothing = None
     if job.smooth_alpha is not None:
         from edgeattn.quantize.smoothing import SmoothConfig, smooth_
@@ -110,15 +104,23 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     report = quantize_(model, job.config)
     calibrate(model, calib)
     progress(f"calibrated {len(report.quantized)} layers on {len(calib)} batches")
-    losses = distill(model, teacher, examples, kind,
-                     DistillConfig(steps=job.steps, batch_size=job.batch_size, lr=job.lr, scale_lr=job.scale_lr,
-                                   checkpoint_dir=job.checkpoint_dir, seed=job.seed)) if job.steps else []
-    summary = {}
-    if rank == 0:
-        summary = export_qdq(model, kind, job.out)
-        progress(f"wrote {job.out}: {summary['quantized_matmuls']} quantized MatMuls")
+    losses = []
+    if job.steps:
+        cfg = DistillConfig(steps=job.steps, lr=job.lr, scale_lr=job.scale_lr, checkpoint_dir=job.checkpoint_dir,
+                            seed=job.seed)
+        losses = distill(model, teacher, text.sampled_batches(examples, job.batch_size, job.seed), kind, cfg).losses
     section = {"config": config_to_dict(job.config), "layers": report.as_dict(), "steps": job.steps,
                "smoothing": smoothing,
                "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-               "onnx": summary}
+               "fidelity": None, "onnx": {}}
+    if rank == 0:
+        model.cpu()
+        measured = probe.compare(model)
+        measured.update(min_cosine=job.min_cosine, max_ppl_increase=job.max_ppl_increase,
+                        far_from_full_run=far_from_full_run(measured))
+        section["fidelity"] = measured
+        progress(f"fidelity: {describe(measured)}")
+        check_floor(measured, "quantize", job.min_cosine, job.max_ppl_increase)
+        section["onnx"] = export_qdq(model, kind, job.out)
+        progress(f"wrote {job.out}: {section['onnx']['quantized_matmuls']} quantized MatMuls")
     return QuantizeResult(section, model, teacher, tok, kind)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgeattn.quantize.config import FP8Config, QuantConfig, W4Config, W8A8Config
+from edgeattn.quantize.config import QuantConfig
 from edgeattn.quantize.fake_quant import FakeQuantizer
 
 _ONNX_TYPE = {"int8": torch.int8, "int4": torch.int8, "fp8": torch.float8_e4m3fn}
@@ -22,16 +22,16 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.linear = linear
         self.config = config
-        if isinstance(config, W4Config):
-            if linear.in_features % config.block_size:
-                raise ValueError(f"block size {config.block_size} does not divide in_features {linear.in_features}")
-            self.fmt, group = "int4", config.block_size
-        else:
-            self.fmt, group = ("fp8" if isinstance(config, FP8Config) else "int8"), "channel"
+        self.fmt, group = config.weight_format, config.weight_group
+        if isinstance(group, int) != (self.fmt == "int4"):
+            raise ValueError(f"{config.name}: expected block-wise scales for int4 and per-channel ones for int8 "
+                             f"and fp8 (what the Q/DQ export writes), found {self.fmt} with group {group!r}")
+        if isinstance(group, int) and linear.in_features % group:
+            raise ValueError(f"block size {group} does not divide in_features {linear.in_features}")
         self.weight_quantizer = FakeQuantizer(self.fmt, group, config.weight_observer, config.percentile,
                                               config.learn_scales)
         self.input_quantizer = None
-        if isinstance(config, (W8A8Config, FP8Config)):
+        if config.quantize_inputs:
             self.input_quantizer = FakeQuantizer(self.fmt, "tensor", config.act_observer, config.percentile,
                                                  config.learn_scales)
         self.exporting = False

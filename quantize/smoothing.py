@@ -59,10 +59,6 @@ class _Group:
     head_dim: int = 0
 
 
-def _is_norm(m: nn.Module) -> bool:
-    return isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")
-
-
 def find_groups(model: nn.Module) -> list[_Group]:
     """Producer -> consumer groups of a Llama-family decoder or a BERT encoder, found by module names."""
     mods = dict(model.named_modules())

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quant_models import tiny_bert, token_batch  # noqa: E402
 
 from edgeattn.quantize import DistillConfig, W8A8Config, calibrate, distill, init_distributed, quantize_  # noqa: E402
+from edgeattn.text import sampled_batches  # noqa: E402
 
 torch.set_num_threads(1)
 rank, world = init_distributed()
@@ -23,8 +24,8 @@ calibrate(model, [token_batch(8, 12, seed=1)])
 init = {k: v.clone() for k, v in model.state_dict().items()}
 examples = token_batch(32, 12, seed=2)
 examples["attention_mask"][::3, 9:] = 0  # some padding, as real batches have
-losses = distill(model, teacher, examples, "encoder",
-                 DistillConfig(steps=4, batch_size=8, lr=1e-3, scale_lr=1e-2, progress=False, device="cpu"))
+losses = distill(model, teacher, sampled_batches(examples, 8), "encoder",
+                 DistillConfig(steps=4, lr=1e-3, scale_lr=1e-2, progress=False, device="cpu")).losses
 if rank == 0:
     torch.save({"state": model.state_dict(), "init": init, "world": world, "losses": losses}, sys.argv[1])
 if world > 1:

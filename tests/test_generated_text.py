@@ -8,7 +8,7 @@ transformers = pytest.importorskip("transformers")
 from edgeattn.errors import ConfigError  # noqa: E402
 from edgeattn.quantize.generated_text import (GENRES, TOPICS, GenerateConfig, generate_documents, prompts,
                                               write_documents)  # noqa: E402
-from edgeattn.quantize.sparsity.finetune import read_texts  # noqa: E402
+from edgeattn.text import read_texts  # noqa: E402
 from tests.quant_models import tiny_llama  # noqa: E402
 
 

@@ -13,6 +13,7 @@ import torch
 
 from edgeattn.errors import ConfigError
 from edgeattn.quantize import DistillConfig, W8A8Config, W4Config, calibrate, distill, quantize_
+from edgeattn.text import sampled_batches
 from quant_models import tiny_bert, tiny_llama, token_batch
 
 
@@ -34,21 +35,22 @@ def test_distillation_lowers_the_loss_against_the_teacher(make, kind, config, lr
         for log_scale in scale_parameters(model):
             log_scale.add_(math.log(coarse))
     examples = token_batch(16, 12, seed=2)
-    losses = distill(model, teacher, examples, kind,
-                     DistillConfig(steps=15, batch_size=16, lr=lr, scale_lr=1e-2, progress=False))
+    losses = distill(model, teacher, sampled_batches(examples, 16), kind,
+                     DistillConfig(steps=15, lr=lr, scale_lr=1e-2, progress=False)).losses
     assert sum(losses[-3:]) / 3 < 0.85 * losses[0]
 
 
 def test_checkpoints_resume_where_they_stopped(tmp_path):
     examples = token_batch(16, 12, seed=2)
-    cfg = dict(batch_size=8, lr=1e-3, scale_lr=1e-2, progress=False, checkpoint_every=2)
+    cfg = dict(lr=1e-3, scale_lr=1e-2, progress=False, checkpoint_every=2)
     full, teacher = _prepared(tiny_bert, W8A8Config())
-    distill(full, teacher, examples, "encoder", DistillConfig(steps=4, **cfg))
+    distill(full, teacher, sampled_batches(examples, 8), "encoder", DistillConfig(steps=4, **cfg))
 
     part, teacher = _prepared(tiny_bert, W8A8Config())
-    distill(part, teacher, examples, "encoder", DistillConfig(steps=2, checkpoint_dir=tmp_path, **cfg))
+    distill(part, teacher, sampled_batches(examples, 8), "encoder", DistillConfig(steps=2, checkpoint_dir=tmp_path, **cfg))
     resumed, teacher = _prepared(tiny_bert, W8A8Config())  # a fresh process would start like this
-    losses = distill(resumed, teacher, examples, "encoder", DistillConfig(steps=4, checkpoint_dir=tmp_path, **cfg))
+    losses = distill(resumed, teacher, sampled_batches(examples, 8), "encoder",
+                     DistillConfig(steps=4, checkpoint_dir=tmp_path, **cfg)).losses
     assert len(losses) == 2  # steps 3 and 4 only
     for (name, a), b in zip(full.state_dict().items(), resumed.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
@@ -57,7 +59,7 @@ def test_checkpoints_resume_where_they_stopped(tmp_path):
 def test_batch_must_split_evenly_and_fit_the_data():
     model, teacher = _prepared(tiny_bert, W8A8Config())
     with pytest.raises(Exception, match="at least batch_size=64"):
-        distill(model, teacher, token_batch(8, 12), "encoder", DistillConfig(steps=1, batch_size=64, progress=False))
+        distill(model, teacher, sampled_batches(token_batch(8, 12), 64), "encoder", DistillConfig(steps=1, progress=False))
     with pytest.raises(ConfigError, match="steps"):
         DistillConfig(steps=-1)
 

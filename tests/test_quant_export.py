@@ -16,6 +16,7 @@ import torch
 from onnx import numpy_helper
 
 from edgeattn.quantize import FP8Config, W4Config, W8A8Config, calibrate, distill, DistillConfig, export_qdq, quantize_
+from edgeattn.text import sampled_batches
 from onnx_fixtures import has
 from quant_models import tiny_bert, tiny_llama, token_batch
 
@@ -33,8 +34,8 @@ def exported(tmp_path_factory):
         teacher = copy.deepcopy(model)
         quantize_(model, config)
         calibrate(model, [token_batch(8, 12, seed=1)])
-        distill(model, teacher, token_batch(16, 12, seed=2), kind, DistillConfig(steps=2, batch_size=8, progress=False,
-                                                                              lr=1e-3, scale_lr=1e-2))
+        distill(model, teacher, sampled_batches(token_batch(16, 12, seed=2), 8), kind,
+                DistillConfig(steps=2, progress=False, lr=1e-3, scale_lr=1e-2))
         path = folder / f"{name}.onnx"
         export_qdq(model, kind, path)
         out[name] = (path, model, kind)

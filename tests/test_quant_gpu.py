@@ -28,6 +28,7 @@ def test_qat_on_cuda_keeps_two_four_zeros_and_exports(tmp_path):
     from edgeattn.quantize.api import scale_parameters
     from edgeattn.quantize.qdq_export import export_qdq
     from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
+    from edgeattn.text import sampled_batches
     from quant_models import tiny_bert, token_batch
 
     model = tiny_bert(0)
@@ -38,8 +39,8 @@ def test_qat_on_cuda_keeps_two_four_zeros_and_exports(tmp_path):
     with torch.no_grad():
         for log_scale in scale_parameters(model):
             log_scale.add_(1.3863)  # 4x too coarse: something to learn
-    losses = distill(model, teacher, token_batch(32, 12, seed=2), "encoder",
-                     DistillConfig(steps=30, batch_size=16, lr=1e-5, scale_lr=1e-2, device="cuda", progress=False))
+    losses = distill(model, teacher, sampled_batches(token_batch(32, 12, seed=2), 16), "encoder",
+                     DistillConfig(steps=30, lr=1e-5, scale_lr=1e-2, device="cuda", progress=False)).losses
     assert next(model.parameters()).is_cuda
     assert sum(losses[-3:]) / 3 < 0.85 * losses[0]
     assert all(is_two_four(m.weight) for m in masked_layers(model).values())

@@ -229,7 +229,7 @@ def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch)
     100 s budget (60 s + 80 steps), not stop at the 50 steps that the first 30 step times predict."""
     import types
 
-    from edgeattn.quantize.sparsity import finetune as ft
+    from edgeattn.quantize import distillation as ft
     from edgeattn.quantize.sparsity.masks import sparsify_
     from tests.quant_models import tiny_llama, token_batch
 
@@ -246,21 +246,21 @@ def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch)
     teacher = tiny_llama()
     student = tiny_llama()
     sparsify_(student)
-    out = ft.distill_(student, teacher, batches(), "decoder", ft.FinetuneConfig(steps=1000, time_budget_s=100.0))
-    assert out["steps_run"] == 110
-    out = ft.distill_(student, teacher, batches(), "decoder", ft.FinetuneConfig(steps=7, time_budget_s=100.0))
-    assert out["steps_run"] == 7  # the step count still caps a run that has time left
+    out = ft.distill(student, teacher, batches(), "decoder", ft.sparsity_finetune("decoder", steps=1000, time_budget_s=100.0))
+    assert out.steps_run == 110
+    out = ft.distill(student, teacher, batches(), "decoder", ft.sparsity_finetune("decoder", steps=7, time_budget_s=100.0))
+    assert out.steps_run == 7  # the step count still caps a run that has time left
 
 
 def test_learning_rate_warms_up_then_decays_to_zero_by_progress():
-    from edgeattn.quantize.sparsity.finetune import FinetuneConfig, _fraction_done, lr_factor
+    from edgeattn.quantize.distillation import DistillConfig, fraction_done, lr_factor
 
     assert lr_factor(0, 0.0) == pytest.approx(0.1) and lr_factor(9, 0.0) == 1.0
     assert lr_factor(500, 0.75) == pytest.approx(0.25) and lr_factor(500, 1.0) == 0.0
-    config = FinetuneConfig(steps=100, time_budget_s=10.0)
-    assert _fraction_done(config, 20, 5.0) == 0.5  # time is further along than steps (0.2)
-    assert _fraction_done(config, 80, 5.0) == 0.8  # steps are further along than time
-    assert _fraction_done(FinetuneConfig(steps=100), 20, 1e9) == 0.2  # no budget: steps only
+    config = DistillConfig(steps=100, time_budget_s=10.0)
+    assert fraction_done(config, 20, 5.0) == 0.5  # time is further along than steps (0.2)
+    assert fraction_done(config, 80, 5.0) == 0.8  # steps are further along than time
+    assert fraction_done(DistillConfig(steps=100), 20, 1e9) == 0.2  # no budget: steps only
 
 
 def _calib(n=3, seq=10, vocab=1000):
@@ -321,16 +321,16 @@ def test_encoder_batches_equal_the_tokenizers_own_padding(tmp_path):
     import torch
     import transformers
 
-    from edgeattn.quantize.sparsity.finetune import FinetuneConfig, text_batches
+    from edgeattn.text import stream_batches
     from tests.quant_models import save_tiny_bert
 
     tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))
     docs = ["the w1 w2 of w3. a w4 is w5 w6 w7 w8 w9 the w10. it was w11", "w12 w13 w14 to and in. w15 w16 w17 w18 w19"]
-    config = FinetuneConfig(batch=3, seq_len=8, seed=5, length_grouping=1)
+    config = dict(batch_size=3, seq_len=8, seed=5, length_grouping=1)
     sentences = ["the w1 w2 of w3.", "a w4 is w5 w6 w7 w8 w9 the w10.", "it was w11.", "w12 w13 w14 to and in.",
                  "w15 w16 w17 w18 w19."]
     gen = torch.Generator().manual_seed(5)
-    batches = text_batches(tok, docs, "encoder", config)
+    batches = stream_batches(tok, docs, "encoder", **config)
     for _ in range(4):
         pick = torch.randint(0, len(sentences), (3,), generator=gen).tolist()
         ref = tok([sentences[i] for i in pick], padding=True, truncation=True, max_length=8, return_tensors="pt")
@@ -346,14 +346,14 @@ def test_encoder_batches_grouped_by_length_cover_the_pool_with_less_padding(tmp_
     import torch
     import transformers
 
-    from edgeattn.quantize.sparsity.finetune import FinetuneConfig, text_batches
+    from edgeattn.text import stream_batches
     from tests.quant_models import save_tiny_bert
 
     tok = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(tmp_path / "bert")))
     words = ["w%d" % i for i in range(1, 40)]
     docs = [". ".join(" ".join(words[:n]) for n in (3, 5, 8, 13, 21, 34)) * 3]
-    grouped = text_batches(tok, docs, "encoder", FinetuneConfig(batch=4, seq_len=64, seed=3, length_grouping=4))
-    plain = text_batches(tok, docs, "encoder", FinetuneConfig(batch=16, seq_len=64, seed=3, length_grouping=1))
+    grouped = stream_batches(tok, docs, "encoder", batch_size=4, seq_len=64, seed=3, length_grouping=4)
+    plain = stream_batches(tok, docs, "encoder", batch_size=16, seq_len=64, seed=3, length_grouping=1)
     for k in range(3):
         pool = next(plain)  # 16 draws padded together; the first equals the grouped pool's draws (same seed)
         parts = [next(grouped) for _ in range(4)]

@@ -88,7 +88,7 @@ def test_sparsify_sequential_and_device_checks(tiny_bert_dir, tmp_path, runner):
     assert section["finetune"]["config"]["seq_len"] == 24
     assert section["sparsity"]["pruned"]
     with pytest.raises(ConfigError, match="expected cpu, cuda or cuda:N, found 'gpu'"):
-        SparsifyJob(device="gpu")
+        SparsifyJob(device="gpu")  # validated before any model is loaded
     if not torch.cuda.is_available():
         result = runner.invoke(cli, ["sparsify", "--model", str(tiny_bert_dir), "--out", str(tmp_path / "g.onnx"),
                                      "--device", "cuda"])

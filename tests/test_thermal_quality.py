@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import numpy as np
@@ -37,14 +38,15 @@ def test_quality_interpolates_in_log_window():
 @pytest.mark.parametrize("window, sinks", [(0, 0), (3, 0), (3, 2), (5, 4)])
 def test_measurement_attention_matches_the_op_reference(window, sinks):
     torch = pytest.importorskip("torch")
+    from edgeattn.attention.hf_attention import WINDOW_KWARG, hf_attention_forward
     from edgeattn.attention.reference import windowed_attention_np
-    from edgeattn.runtime.thermal.offline.quality import _windowed_attention
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 6, 11, 8, generator=g)  # q: [B, Hq, S, D]
     k = torch.randn(1, 2, 11, 8, generator=g)  # k: [B, Hkv, S, D] (GQA, 3 groups)
     v = torch.randn(1, 2, 11, 8, generator=g)
-    out, _ = _windowed_attention(window, sinks)(None, q, k, v, None, scaling=8 ** -0.5)  # [B, S, Hq, D]
+    module = types.SimpleNamespace(config=types.SimpleNamespace(edgeattn_sinks=sinks), is_causal=True)  # a Llama layer
+    out, _ = hf_attention_forward(module, q, k, v, None, scaling=8 ** -0.5, **{WINDOW_KWARG: window})  # [B, S, Hq, D]
     want = windowed_attention_np(q.numpy(), k.numpy(), v.numpy(), window, sinks=sinks)  # [B, Hq, S, D]
     np.testing.assert_allclose(out.transpose(1, 2).numpy(), want, atol=1e-5)
 

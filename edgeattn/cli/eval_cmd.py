@@ -12,10 +12,12 @@ import click
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
               help="The quantized ONNX (from edgeattn quantize).")
 @click.option("--text", type=click.Path(path_type=Path), default=None,
-              help="Held-out text, one a line [gensim's pang_lee_polarity (encoders) / last 20% of lee_background (decoders)].")
-@click.option("--ptq", "ptq_config", default=None, help="Also measure post-training quantization with this config (w8a8, w4, fp8).")
+              help="Held-out text, one a line [gensim's pang_lee_polarity (encoders) / lee.cor (decoders)].")
+@click.option("--ptq", "ptq_config", default=None,
+              help="Also measure post-training quantization with this registered config (e.g. w8a8, w4, fp8).")
 @click.option("--block-size", type=int, default=None, help="Block size of --ptq w4.")
-@click.option("--calib", type=click.Path(path_type=Path), default=None, help="Calibration text for --ptq.")
+@click.option("--calib", type=click.Path(path_type=Path), default=None,
+              help="Calibration text for --ptq [gensim's lee_background].")
 @click.option("--seq-len", type=int, default=128, show_default=True)
 def eval_(model, onnx_path, text, ptq_config, block_size, calib, seq_len):
     """Fidelity of a quantized ONNX against the float model (embedding cosine or perplexity), and against PTQ."""

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import click
 
+from edgeattn.quantize.config import config_names
+
 
 @click.command()
 @click.option("--model", "model", required=True, help="Hugging Face folder or packaged alias (minilm, smollm2).")
-@click.option("--config", "config_name", required=True, help="w8a8, w4 (block-wise weight-only) or fp8.")
+@click.option("--config", "config_name", required=True,
+              help=f"A registered quantization config: {', '.join(config_names())} (edgeattn/quantize/configs/ adds more).")
 @click.option("--block-size", type=int, default=None, help="w4 only: 32, 64 or 128 inputs per scale [32].")
 @click.option("--calib", type=click.Path(path_type=Path), default=None,
               help="Text file, one text a line, for calibration and QAT [gensim's lee_background].")
@@ -23,21 +26,32 @@ import click
 @click.option("--smooth", "smooth_alpha", type=float, default=None,
               help="SmoothQuant-style scaling with this alpha (0-1) before quantizing; for W8A8/FP8 on "
                    "Llama-family decoders (0.85 works for SmolLM2).")
+@click.option("--min-cosine", type=float, default=None,
+              help="Encoders: fail (exit 7, nothing written) below this mean embedding cosine to the float model "
+                   "on held-out text.")
+@click.option("--max-ppl-increase", type=float, default=None,
+              help="Decoders: fail (exit 7, nothing written) above this perplexity increase on held-out text, in percent.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output Q/DQ .onnx file.")
 def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, lr, scale_lr, checkpoint_dir,
-             smooth_alpha, out):
+             smooth_alpha, min_cosine, max_ppl_increase, out):
     """Quantization-aware training with distillation, exported as Q/DQ ONNX for TensorRT and ONNX Runtime."""
-    from edgeattn.quantize import data
+    from edgeattn import text
     from edgeattn.quantize.config import config_from_name
     from edgeattn.quantize.pipeline import QuantizeJob, run_quantize
 
     config = config_from_name(config_name, block_size=block_size)
-    texts = tuple(data.read_lines(calib)) if calib is not None else ()
+    texts = tuple(text.read_lines(calib)) if calib is not None else ()
     job = QuantizeJob(model, config, out, texts=texts, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                      lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, smooth_alpha=smooth_alpha)
+                      lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, smooth_alpha=smooth_alpha,
+                      min_cosine=min_cosine, max_ppl_increase=max_ppl_increase)
     result = run_quantize(job, progress=lambda m: click.echo(m, err=True))
     s = result.section
     if s["onnx"]:
         click.echo(f"wrote {out}: {s['onnx']['quantized_matmuls']} quantized MatMuls "
                    f"({', '.join(f'{k} {v}' for k, v in s['onnx']['weight_types'].items())} weights, "
                    f"{s['onnx']['activation_qdq']} activation Q/DQ), {len(s['layers']['float_layers'])} Linear left in float")
+    if s["fidelity"]:
+        from edgeattn.quantize.fidelity import report_lines
+
+        for line in report_lines(s["fidelity"], "quantize", f"{steps} QAT steps"):
+            click.echo(line)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from edgeattn.quantize.config import config_names
+
 
 @click.command()
 @click.option("--model", "model_name", required=True,
@@ -31,8 +33,8 @@ import click
 @click.option("--seq-len", default=128, show_default=True,
               help="Tokens per fine-tuning window (decoders) or the longest sentence (encoders); decoders "
                    "recover best when fine-tuned at the context length they will run at.")
-@click.option("--qat", type=click.Choice(["w8a8", "w4", "fp8"]),
-              help="Then quantization-aware training (edgeattn quantize), masks kept; exports Q/DQ ONNX.")
+@click.option("--qat", type=click.Choice(config_names()),
+              help="Then quantization-aware training (edgeattn quantize) with this config, masks kept; exports Q/DQ ONNX.")
 @click.option("--qat-steps", default=100, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Prune and fine-tune on cpu, cuda or cuda:N.")
 @click.option("--bf16", is_flag=True, help="bf16 autocast in fine-tuning (CUDA).")
@@ -40,24 +42,33 @@ import click
 @click.option("--calib-batches", default=8, show_default=True, help="Batches of 8 texts for calibrated masks.")
 @click.option("--save-hf", type=click.Path(path_type=Path),
               help="Also save the pruned checkpoint, e.g. as input of `edgeattn quantize`.")
+@click.option("--min-cosine", type=float, default=None,
+              help="Encoders: fail (exit 7, nothing written) below this mean embedding cosine to the dense model "
+                   "on held-out text.")
+@click.option("--max-ppl-increase", type=float, default=None,
+              help="Decoders: fail (exit 7, nothing written) above this perplexity increase on held-out text, in percent.")
 def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
-             skip, lr, batch, seq_len, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf):
+             skip, lr, batch, seq_len, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf,
+             min_cosine, max_ppl_increase):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
+    from edgeattn.quantize.fidelity import report_lines
     from edgeattn.quantize.sparsity.masks import SparsityConfig
-    from edgeattn.quantize.sparsity.finetune import FinetuneConfig
     from edgeattn.quantize.sparsity.pipeline import SIDECAR_SUFFIX, SparsifyJob, run_sparsify
 
     job = SparsifyJob(
         sparsity=SparsityConfig(policy=policy, method=method, tokens=tokens, gemm_dtype=gemm_dtype,
                                 speed_table=speed_table, permute=permute, skip=tuple(skip)),
-        finetune=FinetuneConfig(steps=finetune_steps, lr=lr, batch=batch, seq_len=seq_len, bf16=bf16,
-                                time_budget_s=time_budget_s),
+        finetune_steps=finetune_steps, lr=lr, batch=batch, seq_len=seq_len, bf16=bf16, time_budget_s=time_budget_s,
         device=device, calib_batches=calib_batches,
         calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None,
-        qat=qat, qat_steps=qat_steps if qat else 0)
+        qat=qat, qat_steps=qat_steps if qat else 0, min_cosine=min_cosine, max_ppl_increase=max_ppl_increase)
     section = run_sparsify(model_name, out, job, progress=lambda m: click.echo(m, err=True))
     layers = section["sparsity"]["layers"]
     for d in layers:
         click.echo(f"{'2:4  ' if d['pruned'] else 'dense'} {d['name']:48} {d['out_features']}x{d['in_features']:<6} {d['reason']}")
     click.echo(f"pruned {len(section['sparsity']['pruned'])} of {len(layers)} Linear layers; wrote {out} "
                f"and {out.name}{SIDECAR_SUFFIX}")
+    steps_run = section.get("finetune", {}).get("steps_run", 0)
+    ran = f"{steps_run} fine-tuning steps" + (f", then {qat_steps} {qat} QAT steps" if qat else "")
+    for line in report_lines(section["fidelity"], "sparsify", ran):
+        click.echo(line)

@@ -18,24 +18,19 @@ def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str],
                        batch_size: int = 16, seq_len: int = 64, calib_batches: int = 8, lr: float = 1e-5) -> dict[str, Any]:
     """quantize_ (W8A8 unless `config`) -> calibrate -> distil, in place on the pruned `student`."""
     require("torch", "QAT")
+    from edgeattn import text
     from edgeattn.quantize.api import calibrate, quantize_
     from edgeattn.quantize.config import W8A8Config, config_to_dict
     from edgeattn.quantize.distillation import DistillConfig, distill
-    from edgeattn.quantize.pipeline import training_examples
     from edgeattn.quantize.sparsity.masks import is_two_four, masked_layers
 
     masked = len(masked_layers(student))
     config = config or W8A8Config()
     report = quantize_(student, config)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    examples = training_examples(tokenizer, texts, kind, seq_len)
-    n = examples["input_ids"].shape[0]
-    calib = [{k: v[i:i + batch_size] for k, v in examples.items()}
-             for i in range(0, min(n, calib_batches * batch_size), batch_size)]
-    calibrate(student, calib)
-    losses = distill(student, teacher, examples, kind,
-                     DistillConfig(steps=steps, batch_size=batch_size, lr=lr, progress=False)) if steps else []
+    examples = text.padded_examples(tokenizer, texts, kind, seq_len)
+    calibrate(student, text.leading_batches(examples, batch_size, calib_batches))
+    losses = distill(student, teacher, text.sampled_batches(examples, batch_size), kind,
+                     DistillConfig(steps=steps, lr=lr, progress=False)).losses if steps else []
     after = masked_layers(student)
     return {"config": config_to_dict(config), "layers": report.as_dict(), "steps": steps,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,

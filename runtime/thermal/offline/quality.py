@@ -1,10 +1,11 @@
 """Window -> quality: how much a smaller attention window costs, per model.
 
 The shipped table (quality_smollm2.json, package data) holds SmolLM2-135M perplexity per window with 4 sink
-tokens on held-out news text (gensim's lee.cor, 512-token chunks), measured by `measure_perplexity`
-with a plain PyTorch sliding-window+sinks mask registered as a transformers attention function (it does
-not depend on edgeattn's op). `quality(fraction)` = ppl(full) / ppl(window), interpolated in log2(window), and never higher than at
-a larger window (differences inside measurement noise are not a reason to shrink).
+tokens on held-out news text (gensim's lee.cor, 512-token chunks), measured by `measure_perplexity` with
+edgeattn's windowed attention swapped into the model (`edgeattn.attention.hf_attention`), the text from
+`edgeattn.text` and the model from `edgeattn.hf_models`. `quality(fraction)` = ppl(full) / ppl(window),
+interpolated in log2(window), and never higher than at a larger window (differences inside measurement
+noise are not a reason to shrink).
 """
 
 from __future__ import annotations
@@ -77,67 +78,29 @@ def load_table(path: Path | None = None) -> QualityTable:
     return table_from_dict(json.loads(path.read_text()), str(path))
 
 
-def _windowed_attention(window: int, sinks: int):
-    """A transformers attention function: causal, the `window` most recent keys plus the first `sinks`."""
-    import torch
-    import torch.nn.functional as F
-
-    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        # query: [B, Hq, S, D]; key, value: [B, Hkv, S, D]
-        s_q, s_k = query.shape[-2], key.shape[-2]
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        p = torch.arange(s_k - s_q, s_k)[:, None]  # query positions
-        j = torch.arange(s_k)[None, :]
-        allowed = j <= p
-        if window:
-            allowed &= (p - j < window) | (j < sinks)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling)  # [B, Hq, S, D]
-        return out.transpose(1, 2).contiguous(), None
-
-    return attend
-
-
-def held_out_chunks(tokenizer, seq: int, count: int) -> list[list[int]]:
-    """`count` chunks of `seq` tokens from gensim's held-out Lee news corpus (lee.cor)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gensim")
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError("the held-out text comes from gensim: pip install 'edgeattn[models]'")
-    path = Path(next(iter(spec.submodule_search_locations))) / "test" / "test_data" / "lee.cor"
-    ids = tokenizer(path.read_text(encoding="latin-1").replace("\n", " "))["input_ids"]
-    chunks = [ids[i:i + seq] for i in range(0, len(ids) - seq + 1, seq)][:count]
-    if len(chunks) < count:
-        raise InputError(f"held-out text: expected {count} chunks of {seq} tokens, found {len(chunks)}")
-    return chunks
-
-
 def measure_perplexity(model: str = "smollm2", windows: tuple[int, ...] = (256, 128, 64, 32), sinks: int = 4,
                        seq: int = 512, chunks: int = 4) -> QualityTable:
-    """Perplexity of a causal LM at full attention and at each window (imports torch and transformers)."""
-    from edgeattn.hf_models import PACKAGED, SMOLLM2_GGUF, _package_dir, resolve
+    """Perplexity of a causal LM at full attention and at each window, on `chunks` chunks of `seq` held-out
+    tokens, with edgeattn's windowed attention swapped in (imports torch and transformers)."""
+    from edgeattn import hf_models
+    from edgeattn.attention.hf_attention import WINDOW_KWARG, use_windowed_attention
     from edgeattn.optional import require
+    from edgeattn import text
 
     torch = require("torch", "measuring the window -> quality table")
-    transformers = require("transformers", "measuring the window -> quality table")
-    if model in PACKAGED and PACKAGED[model].kind == "decoder":
-        # straight from the GGUF file: saving a dequantized GGUF model fails on transformers 5.x
-        folder, extra = _package_dir(PACKAGED[model]), {"gguf_file": SMOLLM2_GGUF}
-    else:
-        folder, extra = resolve(model), {}
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **extra)
-    lm = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **extra).eval()
-    data = torch.tensor(held_out_chunks(tokenizer, seq, chunks))  # [N, seq]
+    lm, tokenizer, kind = hf_models.load(model)
+    if kind != "decoder":
+        raise InputError(f"{model}: expected a causal language model, found an encoder")
+    data = text.token_chunks(tokenizer, text.lee_heldout_documents(), seq, max_chunks=chunks)  # [N, seq]
+    if data.shape[0] < chunks:
+        raise InputError(f"held-out text: expected {chunks} chunks of {seq} tokens, found {data.shape[0]}")
+    use_windowed_attention(lm, sinks=sinks)
     results: dict[int, float] = {}
     for window in (0, *windows):
-        name = f"edgeattn_window_{window}"
-        transformers.AttentionInterface.register(name, _windowed_attention(window, sinks))
-        lm.set_attn_implementation(name)
         losses = []
         with torch.inference_mode():
             for row in data:
-                losses.append(float(lm(row[None], labels=row[None]).loss))
+                losses.append(float(lm(row[None], labels=row[None], **{WINDOW_KWARG: window}).loss))
         results[window] = math.exp(sum(losses) / len(losses))
     full = results.pop(0)
     return QualityTable(model=model, metric="perplexity", max_window=seq, sinks=sinks, full=full, windows=results)
