@@ -42,6 +42,18 @@ def inside(root: Path, name: object, where: str = "manifest") -> Path:
     return path
 
 
+def check_shape_ranges(ranges: object, where: str = "manifest") -> None:
+    """shape_ranges: dimension name -> [min, opt, max], integers with 1 <= min <= opt <= max."""
+    if not isinstance(ranges, dict):
+        raise BundleError(f"{where}: expected shape_ranges to map dimension names to [min, opt, max], "
+                          f"found {str(ranges)[:80]!r}")
+    for dim, r in ranges.items():
+        ok = isinstance(r, list) and len(r) == 3 and all(type(v) is int for v in r) and 1 <= r[0] <= r[1] <= r[2]
+        if not ok:
+            raise BundleError(f"{where}: shape_ranges[{dim!r}]: expected 3 integers min <= opt <= max, all >= 1, "
+                              f"found {str(r)[:80] if isinstance(r, list) else repr(r)[:80]}")
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -98,6 +110,7 @@ class Manifest:
         check_model_name(manifest.name, f"{where}: name")
         if not isinstance(manifest.files, dict) or not isinstance(manifest.artifact, str):
             raise BundleError(f"{where}: expected 'files' to map names to sha256 and 'artifact' to be a name")
+        check_shape_ranges(manifest.shape_ranges, where)
         return manifest
 
     def input(self, role: str) -> TensorSpec | None:

@@ -9,7 +9,7 @@ the window without delay, and grow it only after `min_hold_s` at the current lev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from edgeattn.errors import ConfigError
 from edgeattn.runtime.thermal.readings import Reading
@@ -32,6 +32,22 @@ class Decision:
     state: PolicyState
     reason: str = ""  # non-empty when the level changed
     time_to_trip_s: float | None = None  # predictive only; None = not heading for the trip point
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_types(policy) -> None:
+    """Every field a finite number, `levels` and `thresholds_c` sequences of them (policy files give any type)."""
+    for f in fields(policy):
+        value = getattr(policy, f.name)
+        if f.name in ("levels", "thresholds_c"):
+            if not isinstance(value, (tuple, list)) or not all(_is_number(v) for v in value):
+                shown = list(value) if isinstance(value, tuple) else value
+                raise ConfigError(f"{f.name}: expected a list of numbers, found {shown!r}")
+        elif not _is_number(value):
+            raise ConfigError(f"{f.name}: expected a number, found {value!r}")
 
 
 def _check_levels(levels: tuple[float, ...]) -> None:
@@ -66,6 +82,7 @@ class StepPolicy:
     kind = "step"
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_levels(self.levels)
         if len(self.thresholds_c) != len(self.levels) - 1 or list(self.thresholds_c) != sorted(self.thresholds_c):
             raise ConfigError(f"thresholds_c: expected {len(self.levels) - 1} ascending values (one per level after "
@@ -119,6 +136,7 @@ class PredictivePolicy:
     kind = "predictive"
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_levels(self.levels)
         if not (self.r_c_per_w > 0 and self.tau_s > 0 and self.horizon_s > 0):
             raise ConfigError("predictive policy: expected r_c_per_w, tau_s and horizon_s > 0")

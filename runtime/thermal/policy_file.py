@@ -49,12 +49,12 @@ def policy_from_dict(data: dict, source: str = "policy") -> Policy:
     if unknown:
         raise ConfigError(f"{source}: unknown keys for a {kind} policy: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
     for key in ("levels", "thresholds_c"):
-        if key in data:
-            data[key] = tuple(float(v) for v in data[key])
+        if isinstance(data.get(key), list):
+            data[key] = tuple(data[key])  # the policy checks that they are numbers
     try:
         return cls(**data)
-    except TypeError as exc:
-        raise ConfigError(f"{source}: {exc}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def load_policy(path: Path) -> Policy:
