@@ -76,3 +76,10 @@ def test_serve_max_window_zero_is_refused(tmp_path, runner):
                                      "--max-window", value])
         assert result.exit_code == 2, result.output
         assert "--max-window" in result.output and f"expected a window of at least 1 token, found {value}" in result.output
+
+
+def test_predictive_policy_file_without_its_model(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('kind = "predictive"\ntau_s = 100\n')
+    with pytest.raises(ConfigError, match="a predictive policy needs r_c_per_w, tau_s, found no r_c_per_w"):
+        load_policy(path)

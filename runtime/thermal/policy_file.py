@@ -48,6 +48,11 @@ def policy_from_dict(data: dict, source: str = "policy") -> Policy:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{source}: unknown keys for a {kind} policy: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise ConfigError(f"{source}: a {kind} policy needs {', '.join(required)}, found no {', '.join(missing)}")
     for key in ("levels", "thresholds_c"):
         if isinstance(data.get(key), list):
             data[key] = tuple(data[key])  # the policy checks that they are numbers
