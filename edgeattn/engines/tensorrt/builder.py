@@ -158,7 +158,7 @@ def build_artifact(model_path: Path, staging: Path, target, config, shape_plan) 
         prep = prepare_onnx(model_path, work / "engine_input.onnx", target, config.precision)
         job = {"flavor": fl.module, "onnx": str(work / "engine_input.onnx"), "engine": str(staging / ARTIFACT),
                "sm": list(target.sm), "sparse": target.sparse_tensor_cores,
-               "hardware_compat": "SAME_COMPUTE_CAPABILITY" if target.name == "h100" else None,
+               "hardware_compat": target.hardware_compat,
                "version_compatible": False, "plugin": bool(prep["attention"]) and target.attention_plugin,
                "profiles": [trt_profiles.input_shapes(sig.inputs, d) for d in dim_profiles],
                "timing_cache": str(_timing_cache(fl, target)), "inspect": True}
