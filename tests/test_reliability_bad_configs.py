@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -83,3 +84,14 @@ def test_predictive_policy_file_without_its_model(tmp_path):
     path.write_text('kind = "predictive"\ntau_s = 100\n')
     with pytest.raises(ConfigError, match="a predictive policy needs r_c_per_w, tau_s, found no r_c_per_w"):
         load_policy(path)
+
+
+@pytest.mark.parametrize("name, text, found", [("p.json", "[1, 2]", "list '[1, 2]'"),
+                                              ("p.toml", "policy = 5\n", "int '5'"),
+                                              ("p.yaml", "just text\n", "str 'just text'")])
+def test_policy_file_that_is_not_a_table_of_keys(tmp_path, name, text, found):
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml")
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=f"expected keys .*, found {re.escape(found)}"):
+        load_policy(tmp_path / name)

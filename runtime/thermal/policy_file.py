@@ -39,7 +39,11 @@ def _parse(path: Path) -> dict:
 
 
 def policy_from_dict(data: dict, source: str = "policy") -> Policy:
-    data = dict(data.get("policy", data))
+    table = data.get("policy", data) if isinstance(data, dict) else data
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: expected keys (kind = ..., flat or in a [policy] table), "
+                          f"found {type(table).__name__} {str(table)[:60]!r}")
+    data = dict(table)
     kind = data.pop("kind", None)
     if kind not in KINDS:
         raise ConfigError(f"{source}: expected kind = one of {', '.join(KINDS)}, found {kind!r}")
