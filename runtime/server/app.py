@@ -276,7 +276,10 @@ async def window_unlock(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document(__version__, list(request.app[MODELS])))
+    models = request.app[MODELS].values()
+    return web.json_response(openapi_document(__version__, [m.name for m in models],
+                                              sorted({s.name for m in models for s in m.served.inputs}),
+                                              sorted({s.name for m in models for s in m.served.outputs})))
 
 
 def _routes(app: web.Application) -> None:

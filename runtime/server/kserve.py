@@ -122,7 +122,15 @@ def _from_json(values, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
         if low < info.min or high > info.max:
             bad = low if low < info.min else high
             raise ProtocolError(f"input {name!r}: {datatype} holds {info.min}..{info.max}, found {bad}")
-    return found.astype(dtype)
+        return found.astype(dtype)
+    with np.errstate(over="ignore"):
+        array = found.astype(dtype)
+    if dtype.kind == "f":
+        overflow = np.isinf(array) & np.isfinite(found)
+        if overflow.any():
+            raise ProtocolError(f"input {name!r}: {datatype} holds at most {float(np.finfo(dtype).max):g} in "
+                                f"magnitude, found {found[overflow][0]}")
+    return array
 
 
 def _tensor(entry: dict, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
@@ -131,7 +139,7 @@ def _tensor(entry: dict, binary: memoryview, offset: int) -> tuple[str, np.ndarr
         raise ProtocolError(f"every input needs a string 'name', found {name!r}")
     shape = _shape(entry.get("shape"), name)
     datatype = entry.get("datatype")
-    if datatype not in NUMPY_OF:
+    if not isinstance(datatype, str) or datatype not in NUMPY_OF:
         raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not supported: expected one of "
                             f"{', '.join(sorted(NUMPY_OF))}")
     dtype = np.dtype(NUMPY_OF[datatype])

@@ -13,26 +13,25 @@ ERRORS = {"400": "a malformed request", "401": "the admin token is missing or wr
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _PARAMETERS = {"type": "object", "additionalProperties": True}
-_TENSOR = {
-    "type": "object", "required": ["name", "shape", "datatype"],
-    "properties": {
-        "name": {"type": "string"},
+
+
+def _infer_request(inputs: list[str], outputs: list[str]) -> dict:
+    """`inputs`/`outputs`: the served tensor names, as enums (so generated requests can reach a model)."""
+    def name(names: list[str]) -> dict:
+        return {"type": "string", **({"enum": names} if names else {})}
+
+    tensor = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
+        "name": name(inputs),
         "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "datatype": {"type": "string", "enum": DATATYPES},
         "parameters": _PARAMETERS,
-        "data": {"type": "array", "items": {"type": ["number", "boolean"]}},
-    },
-}
-_INFER_REQUEST = {
-    "type": "object", "required": ["inputs"],
-    "properties": {
+        "data": {"type": "array", "items": {"anyOf": [{"type": "number"}, {"type": "boolean"}]}}}}
+    return {"type": "object", "required": ["inputs"], "properties": {
         "id": {"type": "string"},
         "parameters": _PARAMETERS,
-        "inputs": {"type": "array", "minItems": 1, "items": _TENSOR},
+        "inputs": {"type": "array", "minItems": 1, "items": tensor},
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string"}, "parameters": _PARAMETERS}}},
-    },
-}
+            "name": name(outputs), "parameters": _PARAMETERS}}}}}
 _WINDOW_STATE = {"type": "object", "required": ["window", "locked", "history"], "properties": {
     "window": {"type": "integer"}, "locked": {"type": "boolean"}, "history": {"type": "array"}}}
 _WINDOW_BODY = {"type": "object", "properties": {
@@ -50,8 +49,10 @@ def _body(schema: dict, required: bool = True) -> dict:
     return {"required": required, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_document(version: str, models: list[str] | None = None) -> dict:
-    """The description; `models` (the served names) become the `model` path parameter's enum."""
+def openapi_document(version: str, models: list[str] | None = None, inputs: list[str] | None = None,
+                     outputs: list[str] | None = None) -> dict:
+    """The description; `models` (the served names) become the `model` path parameter's enum, `inputs` and
+    `outputs` (their tensor names) those of the tensors' names."""
     model = {"name": "model", "in": "path", "required": True,
              "schema": {"type": "string", **({"enum": sorted(models)} if models else {})}}
     get_ok = {"get": {"responses": _answers()}}
@@ -71,7 +72,8 @@ def openapi_document(version: str, models: list[str] | None = None) -> dict:
             "/v2/models/{model}/config": model_get,
             "/v2/models/{model}/stats": model_get,
             "/v2/models/{model}/infer": {"post": {
-                "parameters": [model], "requestBody": _body(_INFER_REQUEST),
+                "parameters": [model],
+                "requestBody": _body(_infer_request(sorted(inputs or []), sorted(outputs or []))),
                 "responses": _answers(None, "400", "404", "408", "413", "503")}},
             "/v2/repository/index": {"post": {"responses": _answers({"type": "array"})}},
             "/v2/admin/window": {

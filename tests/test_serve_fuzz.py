@@ -1,0 +1,77 @@
+"""Fuzzing the inference and admin routes: no input is a 500.
+
+From the server's own OpenAPI description (schemathesis: structure and types), then well-formed requests
+with arbitrary values (hypothesis: ids, shapes). Deterministic (derandomized) and bounded: a fixed number
+of examples per route, on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("aiohttp")
+schemathesis = pytest.importorskip("schemathesis")
+
+import json  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from edgeattn import __version__  # noqa: E402
+from edgeattn.runtime.server.app import create_app  # noqa: E402
+from edgeattn.runtime.server.openapi import openapi_document  # noqa: E402
+from edgeattn.runtime.server.runner import BackgroundServer  # noqa: E402
+from edgeattn.runtime.server.settings import ServeSettings  # noqa: E402
+from serve_support import http, make_bundle, tiny_bundle, wait_ready_http, window_model  # noqa: E402
+
+DESCRIPTION = openapi_document(__version__, ["tiny", "windowed"], ["attention_mask", "input_ids"],
+                               ["hidden", "last_hidden_state"])
+schema = schemathesis.openapi.from_dict(DESCRIPTION)
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzz")
+    bundles = [tiny_bundle(folder), make_bundle(folder, window_model(), "windowed")]
+    app = create_app(bundles, ServeSettings(port=0, warmup_runs=0, max_queue_delay_ms=0, body_timeout_s=5),
+                     sensors=False)
+    with BackgroundServer(app) as url:
+        wait_ready_http(url)
+        yield f"http://{url}"
+
+
+def test_the_description_is_served_and_names_every_route(base_url):
+    status, doc, _ = http(base_url[len("http://"):], "GET", "/openapi.json")
+    assert status == 200 and doc == DESCRIPTION
+    assert {"/v2/models/{model}/infer", "/v2/admin/window", "/v2/admin/window/lock"} <= set(doc["paths"])
+
+
+@schema.include(path_regex="infer|admin").parametrize()
+@settings(max_examples=30, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_no_request_is_a_server_error(case, base_url):
+    response = case.call(base_url=base_url, timeout=30)
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+    if response.status_code >= 400:
+        assert "error" in response.json(), response.text[:300]
+
+
+_ids = st.lists(st.one_of(st.integers(0, 999), st.integers(-2**64, 2**64), st.floats(allow_nan=True)),
+                min_size=0, max_size=40)
+
+
+@given(ids=_ids, rows=st.integers(0, 3), binary=st.booleans())
+@settings(max_examples=100, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_token_ids_of_any_value_are_answered_or_refused(base_url, ids, rows, binary):
+    """Well-formed requests with arbitrary ids and shapes: 200 exactly when every id and size is valid."""
+    url = base_url[len("http://"):]
+    cols = len(ids) // rows if rows else 0
+    shape = [rows, cols]
+    data = ids[:rows * cols]
+    body = json.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": shape, "data": data}],
+                       "parameters": {"binary_data_output": binary}}).encode()
+    status, doc, _ = http(url, "POST", "/v2/models/windowed/infer", body, {"Content-Type": "application/json"})
+    valid = (1 <= rows <= 8 and 1 <= cols <= 32
+             and all(isinstance(v, int) and 0 <= v <= 999 for v in data))
+    assert status == (200 if valid else 400), (shape, data, status, doc)
