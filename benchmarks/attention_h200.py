@@ -23,7 +23,10 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from edgeattn.attention.reference import windowed_attention_torch
-from edgeattn.plugins.kernels import triton_attention as ta
+from edgeattn.plugins.kernels import tuning
+from edgeattn.plugins.kernels.decode import windowed_decode
+from edgeattn.plugins.kernels.dispatch import windowed_attention, windowed_prefill
+from edgeattn.plugins.kernels.flops import attended_pairs
 
 DT = torch.bfloat16
 PREFILL_SHAPES = [(4, 16, 8192, 64), (4, 16, 8192, 128), (1, 32, 32768, 128)]  # B, H, S, D
@@ -33,7 +36,7 @@ SWEEP_TILES = {  # head dim -> (BLOCK_M, BLOCK_N, num_warps, num_stages) candida
     128: [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2)],
 }
 SWEEP_MODES = [(False, True)]  # (use_tma, one_loop): TMA and per-region loops lost in the first sweeps
-# --sweep-hopper: the opt-in sm_90 kernel (ta.HopperVariant) x tiles, plus the default kernel as baseline
+# --sweep-hopper: the sm_90 kernel (tuning.HopperVariant) x tiles, plus the default kernel as baseline
 HOPPER_TILES = {  # second H200 sweep: around the 64x64 winners (8 warps only with big tiles)
     64: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 2), (64, 32, 4, 4)],
     128: [(64, 64, 4, 3), (64, 64, 4, 2), (64, 128, 4, 2), (128, 128, 8, 3), (128, 64, 8, 3)],
@@ -52,7 +55,7 @@ def ms(fn) -> float:
 
 
 def useful_flops(b, h, s_q, s_k, d, window, sinks=0, causal=True):
-    return 4.0 * b * h * d * ta.attended_pairs(s_q, s_k, window, sinks, causal)
+    return 4.0 * b * h * d * attended_pairs(s_q, s_k, window, sinks, causal)
 
 
 def correctness() -> float:
@@ -77,14 +80,14 @@ def correctness() -> float:
             if pad:
                 mask = torch.rand(b, sk, device="cuda") > 0.2
                 mask[0, : sk // 2] = False
-            out = ta.windowed_attention(q, k, v, torch.tensor(w, device="cuda"), sinks=sinks, causal=causal,
-                                        key_padding_mask=mask)
+            out = windowed_attention(q, k, v, torch.tensor(w, device="cuda"), sinks=sinks, causal=causal,
+                                     key_padding_mask=mask)
             ref = windowed_attention_torch(q.float(), k.float(), v.float(), w, sinks=sinks, causal=causal,
                                            key_padding_mask=mask)
             err = (out.float() - ref).abs().max().item()
-            if sq > ta.DECODE_MAX_QUERIES:  # the Hopper tensor-descriptor variant of the prefill kernel too
-                out = ta.windowed_prefill(q, k, v, torch.tensor(w, device="cuda"), sinks=sinks, causal=causal,
-                                          key_padding_mask=mask, use_tma=True)
+            if sq > tuning.DECODE_MAX_QUERIES:  # the Hopper tensor-descriptor variant of the prefill kernel too
+                out = windowed_prefill(q, k, v, torch.tensor(w, device="cuda"), sinks=sinks, causal=causal,
+                                       key_padding_mask=mask, use_tma=True)
                 err = max(err, (out.float() - ref).abs().max().item())
             if dtype == torch.bfloat16:
                 worst = max(worst, err)
@@ -116,7 +119,7 @@ def sweep(shapes) -> dict:
             for tma, one in SWEEP_MODES:
                 key = (tile, tma, one)
                 try:
-                    times[key] = [ms(lambda: ta.windowed_prefill(q, k, v, wts[w], tile=tile, use_tma=tma, one_loop=one))
+                    times[key] = [ms(lambda: windowed_prefill(q, k, v, wts[w], tile=tile, use_tma=tma, one_loop=one))
                                   for w in windows]
                 except Exception as exc:  # out of resources for this tile: skip it
                     print(f"  tile {tile} tma={tma:d} one_loop={one:d} d={d}: {type(exc).__name__}: "
@@ -133,12 +136,12 @@ def sweep(shapes) -> dict:
 
 
 def _config_name(cfg: dict) -> str:
-    kind = "default" if cfg.get("hopper") is None else "hopper:" + ta.HopperVariant(**cfg["hopper"]).name
+    kind = "default" if cfg.get("hopper") is None else "hopper:" + tuning.HopperVariant(**cfg["hopper"]).name
     return f"{kind} tile={tuple(cfg['tile'])}"
 
 
 def _run_config(cfg: dict, q, k, v, wt, **kw):
-    return ta.windowed_prefill(q, k, v, wt, tile=tuple(cfg["tile"]), hopper=cfg.get("hopper"), **kw)
+    return windowed_prefill(q, k, v, wt, tile=tuple(cfg["tile"]), hopper=cfg.get("hopper"), **kw)
 
 
 def _check_config(cfg: dict, d: int, thorough: bool = False) -> float:
@@ -280,7 +283,7 @@ def sweep_hopper(budget_s: float) -> dict:
           f"ms per window, err = max abs error against the reference", flush=True)
     jobs = []
     for n, d in enumerate((64, 128)):  # half the budget per head dim (D=128 gets what D=64 leaves)
-        configs = [dict(tile=list(ta.prefill_tile(90, d)), hopper=None)]
+        configs = [dict(tile=list(tuning.prefill_tile(90, d)), hopper=None)]
         configs += [dict(tile=list(t), hopper=hv) for t in HOPPER_TILES[d] for hv in HOPPER_VARIANTS]
         jobs += [dict(kind="time", d=d, cfg=c, deadline=t_start + budget_s * (n + 1) / 2) for c in configs]
     candidates = [dict(d=j["d"], name=_config_name(j["cfg"]), **j["cfg"], **res) for j, res in zip(jobs, _run_jobs(jobs))]
@@ -315,7 +318,7 @@ def sweep_hopper(budget_s: float) -> dict:
             out_best[d][w] = dict(tile=r["tile"], hopper=r["hopper"], ms=r["ms"][str(w)], name=r["name"])
             gain = f", {base['ms'][str(w)] / r['ms'][str(w)]:.2f}x the default kernel" if base else ""
             print(f"  best d={d} window={w or 'full'}: {r['name']} {r['ms'][str(w)]:.3f} ms{gain}", flush=True)
-    print("  PREFILL_WINDOW_TABLE rows (plugins/kernels/triton_attention.py) from this sweep:")
+    print("  PREFILL_WINDOW_TABLE rows (plugins/kernels/tuning.py) from this sweep:")
     for d, per in out_best.items():
         rows = [(w, tuple(c["tile"]), c["hopper"]) for w, c in sorted(per.items(), key=lambda x: x[0] or 1 << 30)]
         print(f"    (90, {d}): {rows},")
@@ -373,8 +376,8 @@ def prefill_table(tiles: dict, best: dict | None = None) -> list[dict]:
                 t_ours = ms(lambda: _run_config(cfg, q, k, v, wt))
             else:
                 # no sweep: what ships (PREFILL_HOPPER, PREFILL_WINDOW_TABLE for the known window)
-                t_ours = ms(lambda: ta.windowed_prefill(q, k, v, wt, tile=tile, use_tma=tma, one_loop=one,
-                                                        window_hint=None if tile else w))
+                t_ours = ms(lambda: windowed_prefill(q, k, v, wt, tile=tile, use_tma=tma, one_loop=one,
+                                                     window_hint=None if tile else w))
             block_mask = prepare(s, w)
             t_flex = ms(lambda: flex(q, k, v, block_mask=block_mask))
             row = dict(b=b, h=h, s=s, d=d, window=w or s, ours_ms=t_ours, flex_ms=t_flex,
@@ -414,8 +417,8 @@ def decode_table(ceiling: float, splits_sweep: bool) -> list[dict]:
             options = [None] + ([1, 2, 4, 8, 16, 32] if splits_sweep else [])
             best = None
             for sp in options:
-                t = ms(lambda: ta.windowed_decode(q, k, v, wt, sinks=sinks, splits=sp))
-                used = sp or ta.decode_splits(b * hk, s_k, torch.cuda.get_device_properties(0).multi_processor_count)
+                t = ms(lambda: windowed_decode(q, k, v, wt, sinks=sinks, splits=sp))
+                used = sp or tuning.decode_splits(b * hk, s_k, torch.cuda.get_device_properties(0).multi_processor_count)
                 if best is None or t < best[0]:
                     best = (t, used, sp is None)
             t, used, is_default = best

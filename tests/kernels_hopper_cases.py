@@ -1,4 +1,4 @@
-"""Runs the opt-in sm_90 prefill kernel (HopperVariant) under TRITON_INTERPRET=1 on CPU tensors and
+"""Runs the sm_90 prefill kernel (prefill_hopper.py, HopperVariant) under TRITON_INTERPRET=1 on CPU tensors and
 prints one JSON object {case: max abs error} against the float64 NumPy reference.
 
 Started as its own process by tests/test_kernels_hopper_variants.py (the variable must be set before
@@ -20,7 +20,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from edgeattn.attention.reference import windowed_attention_np  # noqa: E402
-from edgeattn.plugins.kernels import triton_attention as ta  # noqa: E402
+from edgeattn.plugins.kernels.dispatch import windowed_prefill  # noqa: E402
+from edgeattn.plugins.kernels.tuning import HopperVariant  # noqa: E402
 
 # name: (b, h, h_kv, s_q, s_k, d, window, sinks, causal, pad)
 CASES = {
@@ -36,10 +37,10 @@ CASES = {
     "sinks-over-a-block": (1, 2, 1, 70, 70, 16, 9, 20, True, False),
 }
 VARIANTS = {
-    "ptr": ta.HopperVariant(),
-    "desc": ta.HopperVariant(desc=True),
-    "ptr+fold+ls2": ta.HopperVariant(fold_scale=True, loop_stages=2),
-    "desc+fold+ws": ta.HopperVariant(desc=True, fold_scale=True, warp_specialize=True),
+    "ptr": HopperVariant(),
+    "desc": HopperVariant(desc=True),
+    "ptr+fold+ls2": HopperVariant(fold_scale=True, loop_stages=2),
+    "desc+fold+ws": HopperVariant(desc=True, fold_scale=True, warp_specialize=True),
 }
 TILES = {"16x16": (16, 16, 4, 2), "32x16": (32, 16, 4, 2)}  # BLOCK_M > BLOCK_N: diagonal spans two blocks
 
@@ -54,8 +55,8 @@ def run_case(name, **options) -> float:
     if pad:
         mask = torch.rand(b, s_k, generator=gen) > 0.3
         mask[0, : s_k // 2] = False  # early rows of batch 0 have no key at all -> zeros
-    out = ta.windowed_prefill(q, k, v, torch.tensor(window), sinks=sinks, causal=causal, key_padding_mask=mask,
-                              **options)
+    out = windowed_prefill(q, k, v, torch.tensor(window), sinks=sinks, causal=causal, key_padding_mask=mask,
+                           **options)
     ref = windowed_attention_np(q.numpy(), k.numpy(), v.numpy(), window, sinks=sinks, causal=causal,
                                 key_padding_mask=None if mask is None else mask.numpy())
     got = out.float().numpy()
@@ -76,7 +77,7 @@ def main() -> None:
         q = torch.randn(1, 2, 20, 25).half()[..., :16]
         k = torch.randn(1, 2, 20, 16).half()
         v = torch.randn(1, 2, 20, 16).half()
-        out = ta.windowed_prefill(q, k, v, torch.tensor(4), tile=TILES["16x16"], hopper={"desc": True})
+        out = windowed_prefill(q, k, v, torch.tensor(4), tile=TILES["16x16"], hopper={"desc": True})
         ref = windowed_attention_np(q.numpy(), k.numpy(), v.numpy(), 4)
         errors["fallback:misaligned"] = float(np.abs(out.float().numpy() - ref).max())
     errors["fallback-warned"] = float(any("16 bytes" in str(w.message) for w in seen))

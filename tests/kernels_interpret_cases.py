@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from edgeattn.attention.reference import windowed_attention_np  # noqa: E402
-from edgeattn.plugins.kernels import triton_attention as ta  # noqa: E402
+from edgeattn.plugins.kernels import decode, dispatch, tuning  # noqa: E402
 
 TILE = (16, 16, 4, 2)  # small tiles so that tiny shapes still cross several blocks
 
@@ -57,23 +57,23 @@ def run_case(name, path, **options) -> float:
 def main() -> None:
     errors = {}
     for name in CASES:
-        errors[f"public:{name}"] = run_case(name, ta.windowed_attention)
-        if CASES[name][3] > ta.DECODE_MAX_QUERIES or name.startswith("chunked"):
+        errors[f"public:{name}"] = run_case(name, dispatch.windowed_attention)
+        if CASES[name][3] > tuning.DECODE_MAX_QUERIES or name.startswith("chunked"):
             for tma in (False, True):
                 for one in (False, True):
                     errors[f"prefill-tma{tma:d}-one{one:d}:{name}"] = run_case(
-                        name, ta.windowed_prefill, tile=TILE, use_tma=tma, one_loop=one)
+                        name, dispatch.windowed_prefill, tile=TILE, use_tma=tma, one_loop=one)
         else:
             for splits in (1, 4):
-                errors[f"decode-splits{splits}:{name}"] = run_case(name, ta.windowed_decode, splits=splits)
-            errors[f"prefill-kernel:{name}"] = run_case(name, ta.windowed_prefill, tile=TILE)
+                errors[f"decode-splits{splits}:{name}"] = run_case(name, decode.windowed_decode, splits=splits)
+            errors[f"prefill-kernel:{name}"] = run_case(name, dispatch.windowed_prefill, tile=TILE)
     # the same window tensor, changed in place: no new kernel, new result
     b, h, s, d = 1, 2, 30, 16
     q, k, v = (torch.randn(b, h, s, d).half() for _ in range(3))
     window = torch.tensor(4)
-    first = ta.windowed_prefill(q, k, v, window, tile=TILE).float()
+    first = dispatch.windowed_prefill(q, k, v, window, tile=TILE).float()
     window.fill_(12)
-    second = ta.windowed_prefill(q, k, v, window, tile=TILE).float()
+    second = dispatch.windowed_prefill(q, k, v, window, tile=TILE).float()
     ref = windowed_attention_np(q.numpy(), k.numpy(), v.numpy(), 12)
     errors["window-changed-in-place"] = float(np.abs(second.numpy() - ref).max())
     errors["window-change-moves-output"] = float((first - second).abs().max())

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not has("triton"), reason="needs triton")
     (4200, 4200, 3, 2500, False), (100, 180000, 999, 7, True),
 ])
 def test_formula_path_matches_the_mask(s_q, s_k, window, sinks, causal):
-    from edgeattn.plugins.kernels.triton_attention import attended_pairs
+    from edgeattn.plugins.kernels.flops import attended_pairs
 
     assert s_q * s_k > 1 << 24  # large enough for the closed form, not the mask
     assert attended_pairs(s_q, s_k, window, sinks, causal) == int(allowed_mask_np(s_q, s_k, window, sinks, causal).sum())

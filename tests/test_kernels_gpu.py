@@ -54,11 +54,11 @@ def test_torch_module_uses_the_kernel_on_cuda_and_hf_swap_runs():
 @pytest.mark.parametrize("variant", [{}, {"desc": True}, {"desc": True, "fold_scale": True}])
 @pytest.mark.parametrize("tile", [(64, 64, 4, 3), (128, 128, 8, 2)])
 def test_hopper_prefill_variants_bf16(variant, tile):
-    """The opt-in sm_90 prefill kernel (issue 6) on odd lengths, GQA, sinks, padding, both directions."""
+    """The sm_90 prefill kernel (prefill_hopper.py, issue 6) on odd lengths, GQA, sinks, padding, both directions."""
     import torch
 
     from edgeattn.attention.reference import windowed_attention_torch
-    from edgeattn.plugins.kernels import triton_attention as ta
+    from edgeattn.plugins.kernels.dispatch import windowed_prefill
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors need sm_90+")
@@ -67,8 +67,8 @@ def test_hopper_prefill_variants_bf16(variant, tile):
     k, v = (torch.randn(2, 2, 1537, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     mask = torch.rand(2, 1537, device="cuda") > 0.2
     for window, sinks, causal, pad in ((300, 4, True, None), (0, 0, True, None), (257, 3, False, mask)):
-        out = ta.windowed_prefill(q, k, v, torch.tensor(window, device="cuda"), sinks=sinks, causal=causal,
-                                  key_padding_mask=pad, tile=tile, hopper=variant)
+        out = windowed_prefill(q, k, v, torch.tensor(window, device="cuda"), sinks=sinks, causal=causal,
+                               key_padding_mask=pad, tile=tile, hopper=variant)
         ref = windowed_attention_torch(q.float(), k.float(), v.float(), window, sinks=sinks, causal=causal,
                                        key_padding_mask=pad)
         assert (out.float() - ref).abs().max().item() <= 2e-2, (window, sinks, causal)

@@ -1,4 +1,4 @@
-"""The opt-in sm_90 prefill kernel (HopperVariant: host TMA descriptors, unmasked band loop, folded scale,
+"""The sm_90 prefill kernel (prefill_hopper.py; HopperVariant: host TMA descriptors, unmasked band loop, folded scale,
 warp specialization) on CPU under TRITON_INTERPRET=1 against the float64 reference; the per-window table.
 
 The interpreter runs host TensorDescriptor loads (with zero padding past a head's rows) but neither TMA
@@ -50,19 +50,19 @@ def test_misaligned_descriptors_fall_back_with_a_reason(errors):
 
 def test_window_table_picks_by_window(monkeypatch):
     from edgeattn.errors import ConfigError
-    from edgeattn.plugins.kernels import triton_attention as ta
+    from edgeattn.plugins.kernels import tuning
 
-    monkeypatch.setattr(ta, "PREFILL_WINDOW_TABLE", {
+    monkeypatch.setattr(tuning, "PREFILL_WINDOW_TABLE", {
         (90, 128): [(512, (64, 64, 4, 3), {"desc": True}), (0, (128, 128, 8, 2), {"loop_stages": 3})],
     })
-    assert ta.prefill_config_for_window(90, 128, 256) == ((64, 64, 4, 3), ta.HopperVariant(desc=True))
-    assert ta.prefill_config_for_window(90, 128, 0) == ((128, 128, 8, 2), ta.HopperVariant(loop_stages=3))
-    assert ta.prefill_tile_for_window(90, 128, 4096) == (128, 128, 8, 2)
-    assert ta.prefill_config_for_window(90, 64, 256) == (ta.prefill_tile(90, 64), None)  # no row: default
-    assert ta.prefill_config_for_window(87, 128, 256) == (ta.prefill_tile(87, 128), None)
+    assert tuning.prefill_config_for_window(90, 128, 256) == ((64, 64, 4, 3), tuning.HopperVariant(desc=True))
+    assert tuning.prefill_config_for_window(90, 128, 0) == ((128, 128, 8, 2), tuning.HopperVariant(loop_stages=3))
+    assert tuning.prefill_tile_for_window(90, 128, 4096) == (128, 128, 8, 2)
+    assert tuning.prefill_config_for_window(90, 64, 256) == (tuning.prefill_tile(90, 64), None)  # no row: default
+    assert tuning.prefill_config_for_window(87, 128, 256) == (tuning.prefill_tile(87, 128), None)
     with pytest.raises(ConfigError, match="loop_stages"):
-        ta.HopperVariant(loop_stages=0)
-    assert ta.HopperVariant(desc=True, fold_scale=True, loop_stages=3, warp_specialize=True).name == "desc+fold+ls3+ws"
+        tuning.HopperVariant(loop_stages=0)
+    assert tuning.HopperVariant(desc=True, fold_scale=True, loop_stages=3, warp_specialize=True).name == "desc+fold+ls3+ws"
 
 
 def test_hopper_auto_keeps_the_default_kernel_off_cuda(monkeypatch):
@@ -71,11 +71,11 @@ def test_hopper_auto_keeps_the_default_kernel_off_cuda(monkeypatch):
     import torch
 
     from edgeattn.errors import InputError
-    from edgeattn.plugins.kernels import triton_attention as ta
+    from edgeattn.plugins.kernels import dispatch, prefill, prefill_hopper, tuning
 
     launched = []
-    monkeypatch.setattr(ta, "PREFILL_HOPPER", {90: {"desc": True}})
-    monkeypatch.setattr(ta, "_launch_hopper", lambda *a, **kw: launched.append(kw["variant"]))
+    monkeypatch.setattr(tuning, "PREFILL_HOPPER", {90: {"desc": True}})
+    monkeypatch.setattr(prefill_hopper, "hopper_prefill", lambda *a, **kw: launched.append(kw["variant"]))
 
     class Stop(Exception):
         pass
@@ -83,14 +83,14 @@ def test_hopper_auto_keeps_the_default_kernel_off_cuda(monkeypatch):
     def no_default(*a, **kw):
         raise Stop
 
-    monkeypatch.setattr(ta._windowed_fwd_kernel, "run", no_default)
+    monkeypatch.setattr(prefill._windowed_fwd_kernel, "run", no_default)
     q = torch.zeros(1, 1, 32, 16, dtype=torch.float16)
     w = torch.tensor(0)
     with pytest.raises(Stop):  # CPU tensors: auto -> the default kernel
-        ta.windowed_prefill(q, q, q, w)
-    ta.windowed_prefill(q, q, q, w, hopper={"fold_scale": True})  # explicit: the Hopper kernel
-    monkeypatch.setattr(ta, "PREFILL_WINDOW_TABLE", {(90, 64): [(0, (16, 16, 4, 2), {"desc": True})]})
-    ta.windowed_prefill(q, q, q, w, window_hint=8)  # a table row picks the Hopper kernel
-    assert launched == [ta.HopperVariant(fold_scale=True), ta.HopperVariant(desc=True)]
+        dispatch.windowed_prefill(q, q, q, w)
+    dispatch.windowed_prefill(q, q, q, w, hopper={"fold_scale": True})  # explicit: the Hopper kernel
+    monkeypatch.setattr(tuning, "PREFILL_WINDOW_TABLE", {(90, 64): [(0, (16, 16, 4, 2), {"desc": True})]})
+    dispatch.windowed_prefill(q, q, q, w, window_hint=8)  # a table row picks the Hopper kernel
+    assert launched == [tuning.HopperVariant(fold_scale=True), tuning.HopperVariant(desc=True)]
     with pytest.raises(InputError, match="hopper"):
-        ta.windowed_prefill(q, q, q, w, hopper="fast")
+        dispatch.windowed_prefill(q, q, q, w, hopper="fast")

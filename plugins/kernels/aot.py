@@ -1,9 +1,10 @@
 """Ahead-of-time builds of the windowed-attention kernels: PTX + cubin + a JSON index, no GPU needed.
 
-`compile_variant(variant, arch)` is the public entry point the TensorRT plugins use (the AOT
-`tensorrt.plugin` in trt_aot_plugin.py and the TensorRT for RTX IPluginV3 in rtx_plugin.py): it returns
-the PTX, the cubin and the launch metadata (kernel name, threads, shared memory, the runtime parameter
-order, the grid rule). `compile_all(config)` writes every variant for every arch plus `index.json`.
+`compile_variant(variant, arch)` is the public entry point of the AOT `tensorrt.plugin`
+(plugins/tensorrt/aot.py) and of other launchers (the TensorRT for RTX plugin, plugins/tensorrt/rtx.py,
+runs the JIT torch op instead): it returns the PTX, the cubin and the launch metadata (kernel name,
+threads, shared memory, the runtime parameter order, the grid rule). `compile_all(config)` writes every
+variant for every arch plus `index.json`.
 
 Kernel parameter order (TensorRT AOT convention): input pointers, int32 scalars, output pointers.
 Triton >= 3.3 appends two hidden pointer parameters (global and profile scratch) after them; these
@@ -124,20 +125,22 @@ def _ptx_target(ptx: str) -> str:
 
 
 def _kernel_and_constexprs(variant: KernelVariant, arch: int):
-    from edgeattn.plugins.kernels import triton_attention as ta
+    """(jit kernel, constexprs, num_warps, num_stages, grid rule) of one variant: the AOT contract."""
+    from edgeattn.plugins.kernels import decode, prefill
+    from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, prefill_tile
 
     if variant.kind == "prefill":
-        bm, bn, warps, stages = ta.prefill_tile(arch, variant.head_dim)
+        bm, bn, warps, stages = prefill_tile(arch, variant.head_dim)
         const = dict(CAUSAL=variant.causal, HAS_PAD=variant.has_pad, HEAD_DIM=variant.head_dim,
                      BLOCK_M=bm, BLOCK_N=bn, USE_TMA=False, ONE_LOOP=True)
         grid = f"(cdiv(S_q, {bm}), B * H, 1)"
-        return ta._windowed_fwd_kernel, const, warps, stages, grid
+        return prefill._windowed_fwd_kernel, const, warps, stages, grid
     if variant.kind == "decode_split":
         const = dict(CAUSAL=variant.causal, HAS_PAD=variant.has_pad, HEAD_DIM=variant.head_dim,
-                     BLOCK_M=DECODE_BLOCK_M, BLOCK_N=ta.DECODE_BLOCK_N, SPLITS=DECODE_SPLITS)
-        return ta._windowed_decode_split_kernel, const, 4, 3, f"({DECODE_SPLITS}, B * H_kv, 1)"
+                     BLOCK_M=DECODE_BLOCK_M, BLOCK_N=DECODE_BLOCK_N, SPLITS=DECODE_SPLITS)
+        return decode._windowed_decode_split_kernel, const, 4, 3, f"({DECODE_SPLITS}, B * H_kv, 1)"
     const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, SPLITS=DECODE_SPLITS)
-    return ta._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
+    return decode._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
 
 
 def _arch_number(arch: str | int) -> int:

@@ -6,7 +6,7 @@ Importing this module registers the op (once). Schema (docs/kernels.md):
                                  bool causal=True, float scale=0., Tensor? key_padding_mask=None) -> Tensor
 
 q: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D]; window: integer scalar tensor (0 or >= S_k: full).
-CUDA tensors run the Triton kernels (plugins/kernels/triton_attention.py), reading the window on the device
+CUDA tensors run the Triton kernels (plugins/kernels/dispatch.py picks one), reading the window on the device
 (no host sync, no recompile when it changes). Other devices run the PyTorch reference
 (edgeattn/attention/reference.py), which reads the window on the host. A fake (meta) kernel makes the
 op traceable by torch.compile / torch.export.
@@ -44,7 +44,7 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
 
 @windowed_attention.register_kernel("cuda")
 def _windowed_attention_cuda(q, k, v, window, sinks=0, causal=True, scale=0.0, key_padding_mask=None):
-    from edgeattn.plugins.kernels.triton_attention import windowed_attention as triton_windowed_attention
+    from edgeattn.plugins.kernels.dispatch import windowed_attention as triton_windowed_attention
 
     _check_window_value(window)
     if window.device != q.device:
