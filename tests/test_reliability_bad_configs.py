@@ -76,7 +76,8 @@ def test_serve_max_window_zero_is_refused(tmp_path, runner):
         result = runner.invoke(cli, ["serve", str(tmp_path / "any.edgeattn"), "--thermal-policy", str(policy),
                                      "--max-window", value])
         assert result.exit_code == 2, result.output
-        assert "--max-window" in result.output and f"expected a window of at least 1 token, found {value}" in result.output
+        assert "--max-window" in result.output
+        assert f"expected a window of at least 1 token, found {value}" in result.output
 
 
 def test_predictive_policy_file_without_its_model(tmp_path):

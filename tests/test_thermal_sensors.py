@@ -69,7 +69,8 @@ def test_faulted_hot_zone_holds_its_last_value_then_counts_as_hot(orin):
     assert held.faults[0].kind == "invalid" and held.lost == ()
     clock.t = 10.0
     lost = sensor.read()  # not the cooler zones' 64.25 C: unknown, and every policy assumes hot
-    assert lost.temp_c is None and lost.lost == ("tj-thermal",) and lost.temps == {"cpu-thermal": 61.5, "gpu-thermal": 64.25}
+    assert lost.temp_c is None and lost.lost == ("tj-thermal",)
+    assert lost.temps == {"cpu-thermal": 61.5, "gpu-thermal": 64.25}
     set_temp(thermal, 2, "63000\n")
     for t, still_lost in ((11.0, True), (30.0, True), (31.0, False)):  # 20 s of normal reads from t = 11
         clock.t = t

@@ -64,7 +64,8 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     from edgeattn.runtime.server.settings import ServeSettings
 
     if max_window is not None and max_window < 1:  # 0 used to fall back to the default without a word
-        raise click.BadParameter(f"expected a window of at least 1 token, found {max_window}", param_hint="--max-window")
+        raise click.BadParameter(f"expected a window of at least 1 token, found {max_window}",
+                                 param_hint="--max-window")
     if name and len(bundles) != 1:
         raise click.BadParameter(f"--name names one bundle, found {len(bundles)} bundles", param_hint="--name")
     settings = ServeSettings.from_env(host=host, port=port, max_batch=max_batch,
