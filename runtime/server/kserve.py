@@ -86,13 +86,10 @@ def _shape(value, name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _kind_ok(found: np.dtype, wanted: np.dtype) -> bool:
-    """May JSON values that numpy read as `found` become `wanted` without losing anything but float rounding?"""
-    if wanted.kind == "b":
-        return found.kind == "b"
-    if wanted.kind in "iu":
-        return found.kind in "iu"
-    return found.kind in "iuf"  # floats: integers and floats
+_ALLOWED = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}  # JSON value types each kind accepts
+_FOUND = {bool: "booleans", int: "integers", float: "numbers with a fraction (or Infinity, NaN)", str: "strings",
+          type(None): "nulls", list: "nested lists (expected a flat, row-major list)",
+          dict: "objects (expected a flat, row-major list)"}
 
 
 def _from_json(values, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
@@ -100,37 +97,30 @@ def _from_json(values, dtype: np.dtype, name: str, datatype: str) -> np.ndarray:
     if not isinstance(values, list):
         raise ProtocolError(f"input {name!r}: expected 'data' as a flat list of values, found "
                             f"{type(values).__name__}")
-    if not values:
-        return np.zeros(0, dtype)
-    if any(isinstance(v, (list, dict)) for v in values):
-        raise ProtocolError(f"input {name!r}: expected 'data' as a flat list of values (row-major), found "
-                            f"nested lists or objects")
-    found = np.asarray(values)
-    if found.dtype == object:  # integers beyond 64 bits, None, or mixed types
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values) and dtype.kind in "iuf":
-            raise ProtocolError(f"input {name!r}: a value of {datatype} data is outside its range, found "
-                                f"{str(max(values, key=abs))[:40]}")
-        raise ProtocolError(f"input {name!r}: expected {datatype} data, found mixed or null values")
-    if not _kind_ok(found.dtype, dtype):
-        kinds = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers (with a fraction, "
-                 "Infinity or NaN)", "U": "strings"}
-        found_kind = kinds.get(found.dtype.kind, found.dtype.name)
-        raise ProtocolError(f"input {name!r}: expected {datatype} data, found {found_kind}")
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        low, high = int(found.min()), int(found.max())
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise ProtocolError(f"input {name!r}: {datatype} holds {info.min}..{info.max}, found {bad}")
-        return found.astype(dtype)
+    found = set(map(type, values))  # one pass, C speed: 0.7 s for 7.5 million values
+    wrong = found - _ALLOWED[dtype.kind]
+    if wrong:
+        kinds = ", ".join(sorted(_FOUND.get(t, t.__name__) for t in wrong))
+        raise ProtocolError(f"input {name!r}: expected {datatype} data, found {kinds}")
+    try:
+        array = np.asarray(values, dtype=dtype if dtype.kind != "f" else np.float64)
+    except OverflowError:
+        if dtype.kind in "iu":
+            low, high = int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)
+        else:
+            high = float(np.finfo(np.float64).max)
+            low = -high
+        bad = next((v for v in values if not low <= v <= high), "?")
+        raise ProtocolError(f"input {name!r}: {datatype} holds {low}..{high}, found {str(bad)[:40]}") from None
+    if dtype.kind != "f":
+        return array
     with np.errstate(over="ignore"):
-        array = found.astype(dtype)
-    if dtype.kind == "f":
-        overflow = np.isinf(array) & np.isfinite(found)
-        if overflow.any():
-            raise ProtocolError(f"input {name!r}: {datatype} holds at most {float(np.finfo(dtype).max):g} in "
-                                f"magnitude, found {found[overflow][0]}")
-    return array
+        narrowed = array.astype(dtype)
+    overflow = np.isinf(narrowed) & np.isfinite(array)
+    if overflow.any():
+        raise ProtocolError(f"input {name!r}: {datatype} holds at most {float(np.finfo(dtype).max):g} in "
+                            f"magnitude, found {array[overflow][0]:g}")
+    return narrowed
 
 
 def _tensor(entry: dict, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
