@@ -123,7 +123,7 @@ def slow_server_main(bundle_path: str, port: int, seconds: float, shutdown_timeo
     from edgeattn.runtime.server.runner import serve_forever
     from edgeattn.runtime.server.settings import ServeSettings
 
-    settings = ServeSettings(port=port, max_batch=1, warmup_runs=0, shutdown_timeout_s=shutdown_timeout)
+    settings = ServeSettings(port=port, max_batch=1, warmup_runs=0)  # the timeout is serve_forever's
     app = create_app([open_bundle(bundle_path)], settings, names=["slow"], sensors=False)
     model = app[MODELS]["slow"]
     infer = model.backend.infer

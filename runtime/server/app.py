@@ -38,6 +38,8 @@ WINDOW = web.AppKey("window", LiveWindow)
 METRICS = web.AppKey("metrics", ServerMetrics)
 CONTROLLER = web.AppKey("controller", object)
 JSON_WORKER = web.AppKey("json_worker", JsonWorker)
+
+
 class Startup:
     """The activation and warm-up of every model, once the app runs (`task`)."""
 
@@ -58,7 +60,10 @@ async def errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
     except ProtocolError as exc:
-        return _error(exc.status, str(exc))
+        response = _error(exc.status, str(exc))
+        if exc.status == 408:  # the rest of the body may still trickle in: drop the connection
+            response.force_close()
+        return response
     except InputError as exc:
         return _error(400, str(exc))
     except EdgeAttnError as exc:
@@ -338,9 +343,10 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     return app
 
 
-async def drain(app: web.Application) -> None:
-    """Stop taking requests (503), finish the queued ones within the shutdown timeout, release the models."""
-    timeout = app[SETTINGS].shutdown_timeout_s
+async def drain(app: web.Application, timeout: float | None = None) -> None:
+    """Stop taking requests (503), finish the queued ones within `timeout` s (default: the settings'
+    shutdown timeout; 503 for the rest), release the models."""
+    timeout = app[SETTINGS].shutdown_timeout_s if timeout is None else timeout
     await asyncio.gather(*(m.stop(timeout) for m in app[MODELS].values()), return_exceptions=True)
 
 

@@ -57,7 +57,7 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
                 error = RuntimeBackendError(f"start-up failed: {type(error).__name__}: {error}")
             raise error
         await stopping.wait()
-        await drain(app)
+        await drain(app, shutdown_timeout)
     finally:
         await runner.cleanup()
         for sig in (signal.SIGINT, signal.SIGTERM):
