@@ -113,3 +113,52 @@ def test_float_window_input_is_rejected(tmp_path):
     model.graph.input.append(helper.make_tensor_value_info("attention_window", TensorProto.FLOAT, []))
     with pytest.raises(Exception, match="attention_window.*int64"):
         fuse(model)
+
+
+def sdpa_spelling(nan_fill: float = 0.0) -> onnx.ModelProto:
+    """attention_graph as TorchScript writes scaled_dot_product_attention (opsets 14-17): Q and K^T each
+    times sqrt(scale) before the MatMul, and Where(IsNaN(p), 0, p) after the softmax."""
+    model = attention_graph("padding")
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    root = numpy_helper.from_array(np.array(D ** -0.25, np.float32), "root_scale")
+    fill = numpy_helper.from_array(np.array(nan_fill, np.float32), "nan_fill")
+    model.graph.initializer.extend([root, fill])
+    for node in nodes:
+        if node.op_type == "MatMul" and list(node.input) == ["q", "k"]:
+            model.graph.node.extend([helper.make_node("Mul", ["q", "root_scale"], ["qs"]),
+                                     helper.make_node("Mul", ["k", "root_scale"], ["ks"]),
+                                     helper.make_node("MatMul", ["qs", "ks"], ["scaled"])])
+        elif node.op_type == "Mul" and node.input[0] == "s":
+            continue
+        elif node.op_type == "MatMul" and node.input[0] == "p":
+            model.graph.node.extend([helper.make_node("IsNaN", ["p"], ["nan"]),
+                                     helper.make_node("Where", ["nan", "nan_fill", "p"], ["p0"]),
+                                     helper.make_node("MatMul", ["p0", "v"], ["o"])])
+        else:
+            model.graph.node.append(node)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_torchscript_sdpa_spelling_is_fused_with_the_product_of_both_scales():
+    import onnxruntime as ort
+
+    src = sdpa_spelling()
+    result, fused = fuse(src)
+    assert result.details["fused"] == 1 and result.problems == []
+    node = next(n for n in fused.graph.node if n.domain == "edgeattn")
+    assert abs(helper.get_attribute_value(node.attribute[[a.name for a in node.attribute].index("scale")])
+               - D ** -0.5) < 1e-7
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, H * D)).astype(np.float32),
+             "attention_mask": np.array([[1] * 5, [1, 1, 1, 0, 0]], np.int64), "attention_window": np.array(0)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(  # noqa: E731
+        None, {i.name: feeds[i.name] for i in m.graph.input})[0]
+    np.testing.assert_allclose(run(fused)[0], run(src)[0], atol=1e-5)
+    np.testing.assert_allclose(run(fused)[1, :3], run(src)[1, :3], atol=1e-5)  # real rows of the padded one
+
+
+def test_nan_guard_with_another_fill_is_reported():
+    result, _ = fuse(sdpa_spelling(nan_fill=1.0))
+    assert result.details["fused"] == 0
+    assert "fill that is not 0" in result.details["unfused"][0]["reason"]

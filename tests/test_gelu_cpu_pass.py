@@ -61,3 +61,37 @@ def test_tensorrt_targets_are_skipped():
     model = ir.serde.deserialize_model(gelu_model("half_first"))
     result = FuseGeluForCpu()(model, PassContext(get_target("h100"), {}))
     assert not result.changed and "skipped" in result.summary
+
+
+def constants_as_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The TorchScript exporter's spelling: scalars are Constant nodes, not initializers."""
+    scalars = [t for t in model.graph.initializer if not t.dims]
+    del model.graph.initializer[:]
+    model.graph.initializer.append(c("w", np.random.default_rng(0).standard_normal((8, 8))))
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in scalars]
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(consts + nodes)
+    return model
+
+
+def test_constant_node_scalars_are_read():
+    """Issue 20: 'Erf input is x Div None' when sqrt(2) came from a Constant node (TorchScript)."""
+    src = constants_as_nodes(gelu_model("half_last", divide=True))
+    model = ir.serde.deserialize_model(src)
+    result = FuseGeluForCpu()(model, PassContext(get_target("cpu"), {}))
+    out = ir.serde.serialize_model(model)
+    assert result.details["fused"] == 1 and not result.problems
+    assert [n.op_type for n in out.graph.node] == ["MatMul", "Gelu"]
+    a = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(out, a), run(src, a), atol=1e-5)
+
+
+def test_gelu_op_of_opset_20_is_counted_as_native():
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["x"]), helper.make_node("Gelu", ["x"], ["y"])],
+                              "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                              [c("w", np.eye(8))])
+    model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    result = FuseGeluForCpu()(model, PassContext(get_target("cpu"), {}))
+    assert result.details == {"fused": 0, "native": 1, "unfused": 0} and "1 already the Gelu op" in result.summary

@@ -23,9 +23,10 @@ class _WindowedRule(pattern.RewriteRuleClassBase):
         self.window, self.padding, self.masks, self.failures = window, padding, masks, failures
         self.fused: list[str] = []
 
-    def _fail(self, context, reason: str):
+    def _fail(self, context, reason: str, *, weak: bool = False):
+        """weak: a reason that only counts when no other binding of the block gave one (commuted operands)."""
         root = getattr(context, "root", None)
-        if root is not None:
+        if root is not None and not (weak and root.outputs[0].name in self.failures):
             self.failures[root.outputs[0].name] = reason  # keyed by the block's output value
         return pattern.MatchResult().fail(reason)
 
@@ -102,12 +103,12 @@ class SoftmaxAttention(_WindowedRule):
 
     def check(self, context, q, kt, v, qk_scale=None, q_scale=None, k_scale=None, mask=None, fill=None,
               nan_fill=None, scaling="None", masking="none", prescaled=False, casts=0, **_):
+        if prescaled and not (_scalar(q_scale) and _scalar(k_scale)):  # weak: Mul(q, s) is also tried as Mul(s, q)
+            return self._fail(context, "Q or K^T is scaled by something other than a non-zero constant", weak=True)
         if (_rank(q), _rank(kt), _rank(v)) != (4, 4, 4):
             return self._fail(context, f"Q, K^T, V ranks {(_rank(q), _rank(kt), _rank(v))}: expected 4-D [B, H, S, D] tensors")
         if scaling != "None" and not _scalar(qk_scale):
             return self._fail(context, "the score scale is not a non-zero constant")
-        if prescaled and not (_scalar(q_scale) and _scalar(k_scale)):
-            return self._fail(context, "Q or K^T is scaled by something other than a non-zero constant")
         if casts == "nan" and _scalar(nan_fill) != 0.0:
             return self._fail(context, "Where(IsNaN(softmax), fill, softmax) with a fill that is not 0")
         if masking == "keep" and not ((_scalar(fill) or 0.0) <= -1e4):
