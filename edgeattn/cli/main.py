@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "distill-text": ("edgeattn.cli.distill_text_cmd", "distill_text",
                      "Write distillation text sampled from a language model (for sparsify / quantize --calib)."),
     "eval": ("edgeattn.cli.eval_cmd", "eval", "Fidelity of a quantized ONNX against the float model and against PTQ."),
+    "pipeline": ("edgeattn.cli.pipeline_cmd", "pipeline", "Run a deployment recipe (export .. build .. export-triton), resumably."),
 }
 
 
