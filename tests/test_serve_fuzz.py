@@ -75,3 +75,20 @@ def test_token_ids_of_any_value_are_answered_or_refused(base_url, ids, rows, bin
     valid = (1 <= rows <= 8 and 1 <= cols <= 32
              and all(isinstance(v, int) and 0 <= v <= 999 for v in data))
     assert status == (200 if valid else 400), (shape, data, status, doc)
+
+
+@given(head=st.dictionaries(st.sampled_from(["inputs", "outputs", "parameters", "id"]),
+                            st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                                         lambda inner: st.lists(inner, max_size=3)
+                                         | st.dictionaries(st.text(max_size=18), inner, max_size=4),
+                                         max_leaves=12)),
+       tail=st.binary(max_size=64), length=st.one_of(st.none(), st.integers(-5, 400), st.text("0123456789-x .", max_size=4)))
+@settings(max_examples=100, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_binary_extension_bodies_are_answered_or_refused(base_url, head, tail, length):
+    """JSON headers of any structure, any trailing bytes, any header length: never a 500."""
+    url = base_url[len("http://"):]
+    raw = json.dumps(head).encode()
+    headers = {} if length is None else {"Inference-Header-Content-Length": str(length)}
+    status, doc, _ = http(url, "POST", "/v2/models/tiny/infer", raw + tail, headers)
+    assert status < 500, (head, tail, length, status, doc)
