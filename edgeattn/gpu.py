@@ -43,7 +43,8 @@ def torch_cuda_available() -> bool:
 
 def check_device_name(device: str, *, auto: bool = False) -> str:
     """`device` when it is cpu, cuda or cuda:N (or auto, where allowed); otherwise ConfigError."""
-    ok = device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()) or (auto and device == "auto")
+    ok = device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()) \
+        or (auto and device == "auto")
     if not ok:
         raise ConfigError(f"device: expected {'auto, ' if auto else ''}cpu, cuda or cuda:N, found {device!r}")
     return device

@@ -1,7 +1,8 @@
 """Text for every stage: read it, split it into sentences, cut it into token chunks, batch it.
 
 Calibration, QAT, 2:4 fine-tuning, the fidelity checks and the thermal window -> quality table all take
-their text from here (it sits below edgeattn.quantize and edgeattn.runtime, so both may import it). The default corpora ship with gensim (nothing is downloaded):
+their text from here (it sits below edgeattn.quantize and edgeattn.runtime, so both may import it). The
+default corpora ship with gensim (nothing is downloaded):
 
 * lee_background.cor: 300 news documents, the default training / calibration text;
 * lee.cor: 50 other news documents, held out (never in the default training text): decoder checks;
@@ -126,7 +127,8 @@ def padded_examples(tokenizer, texts: list[str], kind: str, seq_len: int) -> dic
 def leading_batches(examples: dict, batch_size: int, count: int) -> list[dict]:
     """The first `count` batches of equal-length examples, in order (calibration)."""
     n = examples["input_ids"].shape[0]
-    return [{k: v[i:i + batch_size] for k, v in examples.items()} for i in range(0, min(n, count * batch_size), batch_size)]
+    return [{k: v[i:i + batch_size] for k, v in examples.items()}
+            for i in range(0, min(n, count * batch_size), batch_size)]
 
 
 def sampled_batches(examples: dict, batch_size: int, seed: int = 0) -> Iterator[dict]:

@@ -257,7 +257,8 @@ def distill(student, teacher, batches: Iterator[dict], kind: str, cfg: DistillCo
     trained = [p for g in groups for p in g["params"]]
     model = student
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(student, device_ids=[device.index] if device.type == "cuda" else None)
+        model = nn.parallel.DistributedDataParallel(student,
+                                                    device_ids=[device.index] if device.type == "cuda" else None)
     step = 0
     ckpt = Path(cfg.checkpoint_dir) / "qat_checkpoint.pt" if cfg.checkpoint_dir else None
     if ckpt is not None and ckpt.is_file():

@@ -156,7 +156,7 @@ def describe(measured: dict) -> str:
     if measured["metric"] == "perplexity":
         return (f"perplexity {measured['ppl']:.2f} vs {measured['ppl_float']:.2f} float "
                 f"({measured['ppl_increase_pct']:+.1f}%) on {measured['text']}")
-    return (f"embedding cosine to the float model: mean {measured['cos_mean']:.4f}, min {measured['cos_min']:.4f} "
+    return (f"embedding cosine to the float model: mean {measured['cos_mean']:.7g}, min {measured['cos_min']:.7g} "
             f"on {measured['text']}")
 
 
@@ -164,7 +164,7 @@ def check_floor(measured: dict, stage: str, min_cosine: float | None, max_ppl_in
     """FidelityError when the result is below the floor."""
     if min_cosine is not None and measured["cos_mean"] < min_cosine:
         raise FidelityError(f"{stage}: expected a mean embedding cosine >= {min_cosine} (--min-cosine), found "
-                            f"{measured['cos_mean']:.4f} on {measured['text']}; nothing was written")
+                            f"{measured['cos_mean']:.7g} on {measured['text']}; nothing was written")
     if max_ppl_increase is not None and measured["ppl_increase_pct"] > max_ppl_increase:
         raise FidelityError(f"{stage}: expected a perplexity increase <= {max_ppl_increase}% (--max-ppl-increase), "
                             f"found {measured['ppl_increase_pct']:+.1f}% on {measured['text']}; nothing was written")

@@ -47,7 +47,8 @@ def test_checkpoints_resume_where_they_stopped(tmp_path):
     distill(full, teacher, sampled_batches(examples, 8), "encoder", DistillConfig(steps=4, **cfg))
 
     part, teacher = _prepared(tiny_bert, W8A8Config())
-    distill(part, teacher, sampled_batches(examples, 8), "encoder", DistillConfig(steps=2, checkpoint_dir=tmp_path, **cfg))
+    distill(part, teacher, sampled_batches(examples, 8), "encoder",
+            DistillConfig(steps=2, checkpoint_dir=tmp_path, **cfg))
     resumed, teacher = _prepared(tiny_bert, W8A8Config())  # a fresh process would start like this
     losses = distill(resumed, teacher, sampled_batches(examples, 8), "encoder",
                      DistillConfig(steps=4, checkpoint_dir=tmp_path, **cfg)).losses
@@ -59,7 +60,8 @@ def test_checkpoints_resume_where_they_stopped(tmp_path):
 def test_batch_must_split_evenly_and_fit_the_data():
     model, teacher = _prepared(tiny_bert, W8A8Config())
     with pytest.raises(Exception, match="at least batch_size=64"):
-        distill(model, teacher, sampled_batches(token_batch(8, 12), 64), "encoder", DistillConfig(steps=1, progress=False))
+        distill(model, teacher, sampled_batches(token_batch(8, 12), 64), "encoder",
+                DistillConfig(steps=1, progress=False))
     with pytest.raises(ConfigError, match="steps"):
         DistillConfig(steps=-1)
 

@@ -227,6 +227,7 @@ def test_config_validation():
 def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch):
     """A clock that ticks once per batch: 2 s a step for 30 steps (a busy GPU), then 0.5 s. The run must last its
     100 s budget (60 s + 80 steps), not stop at the 50 steps that the first 30 step times predict."""
+    import dataclasses
     import types
 
     from edgeattn.quantize import distillation as ft
@@ -246,9 +247,10 @@ def test_time_budget_runs_until_the_budget_even_when_steps_speed_up(monkeypatch)
     teacher = tiny_llama()
     student = tiny_llama()
     sparsify_(student)
-    out = ft.distill(student, teacher, batches(), "decoder", ft.sparsity_finetune("decoder", steps=1000, time_budget_s=100.0))
+    config = ft.sparsity_finetune("decoder", steps=1000, time_budget_s=100.0)
+    out = ft.distill(student, teacher, batches(), "decoder", config)
     assert out.steps_run == 110
-    out = ft.distill(student, teacher, batches(), "decoder", ft.sparsity_finetune("decoder", steps=7, time_budget_s=100.0))
+    out = ft.distill(student, teacher, batches(), "decoder", dataclasses.replace(config, steps=7))
     assert out.steps_run == 7  # the step count still caps a run that has time left
 
 
