@@ -1,0 +1,84 @@
+"""edgeattn::CachedWindowedAttention in PyTorch: eager compute on any device, and export to the ONNX op.
+
+Eagerly it computes what the ONNX body computes (`cached_function`), vectorised the same way: sink rows
+with q_sink, the W ring rows before the chunk gathered by slot, the chunk's own keys causally. Under
+`torch.onnx.export(..., dynamo=True)` it emits one `edgeattn::CachedWindowedAttention` node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from edgeattn.attention import DOMAIN, OPSET_VERSION
+from edgeattn.attention.cached_function import CACHED_OP_TYPE
+from edgeattn.errors import InputError
+
+
+def check_cached_inputs(q, k, past_key, cache_position, sinks: int) -> None:
+    b, h, s, d = q.shape
+    if past_key.dim() != 4 or past_key.shape[0] != b or past_key.shape[3] != d:
+        raise InputError(f"past_key: expected [B={b}, H_kv, C, D={d}], found {tuple(past_key.shape)}")
+    if tuple(k.shape) != (b, past_key.shape[1], s, d):
+        raise InputError(f"k: expected [B, H_kv, S, D] = {(b, past_key.shape[1], s, d)}, found {tuple(k.shape)}")
+    wmax = past_key.shape[2] - sinks
+    if wmax < 1 or s > wmax:
+        raise InputError(f"cache: expected at least sinks + S rows ({sinks} + {s}), found {past_key.shape[2]}")
+    if tuple(cache_position.shape) != (b,):
+        raise InputError(f"cache_position: expected [B] = [{b}], found {tuple(cache_position.shape)}")
+
+
+def cached_windowed_attention(q, q_sink, k, v, past_key, past_value, cache_position, window, *, sinks: int,
+                              scale: float = 0.0):
+    """q, q_sink: [B, H, S, D]; k, v: [B, H_kv, S, D]; past_key/value: [B, H_kv, C, D]; cache_position [B];
+    window: int64 scalar tensor (0 = C - sinks) -> [B, H, S, D]."""
+    if torch.onnx.is_in_onnx_export():
+        w = window.reshape(()).to(torch.int64)
+        attrs = {"sinks": int(sinks), "scale": float(scale), "plugin_namespace": DOMAIN}
+        return torch.onnx.ops.symbolic(f"{DOMAIN}::{CACHED_OP_TYPE}",
+                                       [q, q_sink, k, v, past_key, past_value, cache_position, w], attrs,
+                                       dtype=q.dtype, shape=q.shape, version=OPSET_VERSION)
+    check_cached_inputs(q, k, past_key, cache_position, sinks)
+    return _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks, scale)
+
+
+def _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks, scale):
+    b, h, s, d = q.shape
+    h_kv, c = past_key.shape[1], past_key.shape[2]
+    g, wmax, dev = h // h_kv, c - sinks, q.device
+    w = int(window)
+    w = wmax if w <= 0 or w > wmax else w
+    scale = scale or d ** -0.5
+    pos = cache_position.to(dev, torch.int64).reshape(b, 1)  # [B, 1]
+    r = torch.arange(w, device=dev)
+    kpos_w = pos - w + r  # [B, W]
+    slot_w = sinks + torch.remainder(kpos_w - sinks, wmax)
+    valid_w = (kpos_w >= sinks) & (kpos_w >= 0)
+    idx = slot_w[:, None, :, None].expand(b, h_kv, w, d)
+    kw, vw = past_key.gather(2, idx).float(), past_value.gather(2, idx).float()  # [B, H_kv, W, D]
+    ns = max(sinks, 1)
+    ks, vs = past_key[:, :, :ns].float(), past_value[:, :, :ns].float()  # [B, H_kv, NS, D]
+    valid_s = (torch.arange(ns, device=dev) < sinks) & (torch.arange(ns, device=dev) < pos)  # [B, NS]
+    qi, kj = torch.arange(s, device=dev)[:, None], torch.arange(s, device=dev)[None, :]
+    ok_w = valid_w[:, None, :] & (qi < r[None, :])  # [B, S, W]
+    ok_s = valid_s[:, None, :].expand(b, s, ns)
+    ok_n = (kj <= qi) & (((qi - kj) < w) | ((pos + kj) < sinks)[:, None, :])  # [B, S, S]
+    qg = (q.float() * scale).reshape(b, h_kv, g * s, d)
+    qsg = (q_sink.float() * scale).reshape(b, h_kv, g * s, d)
+    parts = ((qsg, ks, vs, ok_s), (qg, kw, vw, ok_w), (qg, k.float(), v.float(), ok_n))
+    scores = [(qq @ kk.transpose(-1, -2)).reshape(b, h_kv, g, s, -1).masked_fill(~ok[:, None, None], float("-inf"))
+              for qq, kk, _, ok in parts]
+    weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # every row reads its own key: no empty rows
+    values = torch.cat([vv for _, _, vv, _ in parts], dim=2)  # [B, H_kv, L, D]
+    out = weights.reshape(b, h_kv, g * s, -1) @ values  # [B, H_kv, G*S, D]
+    return out.reshape(b, h, s, d).to(q.dtype)
+
+
+def write_ring_(past_key, past_value, k, v, cache_position, sinks: int) -> None:
+    """Write the chunk's keys and values into their rows, in place. k, v: [B, H_kv, S, D]."""
+    b, _, s, d = k.shape
+    wmax = past_key.shape[2] - sinks
+    p = cache_position.to(k.device, torch.int64).reshape(b, 1) + torch.arange(s, device=k.device)  # [B, S]
+    rows = torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, wmax))
+    idx = rows[:, None, :, None].expand(b, past_key.shape[1], s, d)
+    past_key.scatter_(2, idx, k.to(past_key.dtype))
+    past_value.scatter_(2, idx, v.to(past_value.dtype))

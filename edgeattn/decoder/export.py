@@ -1,0 +1,143 @@
+"""`edgeattn export MODEL --decoder`: a Llama-family causal LM -> a decoder ONNX with a sinks + ring KV cache.
+
+Inputs (the names onnxruntime-genai uses where the meaning is the same): `input_ids` [B, S] int64,
+`cache_position` [B] int64 (tokens already in each stream), `attention_window` int64 scalar (0 = the whole
+ring), `past_key_values.{i}.key|value` [B, H_kv, C, D] (C = sinks + the ring, chosen by the runtime).
+Outputs: `logits` [B, S, V], `present.{i}.key|value` [B, H_kv, S, D]: the chunk's rows, which the runtime
+writes into its ring in place (no step copies the cache). The tokenizer, its chat template and the cache
+geometry travel in the model's metadata, so a bundle built from it can generate on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from edgeattn.errors import ConfigError, ModelError
+from edgeattn.optional import require
+
+DECODER_KEY = "edgeattn.decoder"  # JSON: the cache geometry and the special tokens
+TOKENIZER_KEY = "edgeattn.tokenizer"  # tokenizer.json (the `tokenizers` format)
+CHAT_TEMPLATE_KEY = "edgeattn.chat_template"
+WINDOW_INPUT = "attention_window"
+POSITION_INPUT = "cache_position"
+
+
+def past_names(layers: int) -> list[str]:
+    return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def present_names(layers: int) -> list[str]:
+    return [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+@dataclass(frozen=True)
+class DecoderExportConfig:
+    sinks: int = 4  # first tokens kept forever (StreamingLLM: 4 restore quality past the window)
+    window_max: int = 2048  # the ring the runtime allocates by default (it may choose another size)
+    opset: int = 18
+    example_seq: int = 8  # example chunk while tracing
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0:
+            raise ConfigError(f"sinks: expected >= 0, found {self.sinks}")
+        if self.window_max < 16:
+            raise ConfigError(f"window_max: expected >= 16, found {self.window_max}")
+        if not 18 <= self.opset <= 23:
+            raise ConfigError(f"opset: the cached op's body needs 18 to 23, found {self.opset}")
+
+
+def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str, str]:
+    c = model.config
+    eos = c.eos_token_id if isinstance(c.eos_token_id, list) else [c.eos_token_id]
+    eos = sorted({int(e) for e in eos if e is not None} | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id
+                                                             is not None else set()))
+    info = {
+        "format": 1, "model_type": c.model_type, "layers": c.num_hidden_layers,
+        "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,
+        "head_dim": model.model.layers[0].self_attn.head_dim, "vocab_size": c.vocab_size,
+        "max_positions": int(getattr(c, "max_position_embeddings", 0) or 0),
+        "sinks": config.sinks, "window_max": config.window_max,
+        "eos_token_ids": eos, "bos_token_id": tokenizer.bos_token_id,
+        "add_bos": bool(getattr(tokenizer, "add_bos_token", False)),
+        "trained_sliding_window": getattr(c, "sliding_window", None),
+        "dtype": "float32",
+    }
+    meta = {DECODER_KEY: json.dumps(info)}
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    if backend is None:
+        raise ModelError("decoder export: expected a fast (tokenizers) tokenizer, found a slow one")
+    meta[TOKENIZER_KEY] = backend.to_str()
+    if getattr(tokenizer, "chat_template", None):
+        meta[CHAT_TEMPLATE_KEY] = tokenizer.chat_template
+    return meta
+
+
+def export_decoder(name_or_dir: str | Path, out: str | Path, config: DecoderExportConfig = DecoderExportConfig()) -> Path:
+    """Load a packaged alias or a Hugging Face folder and write the decoder ONNX to `out`, atomically."""
+    from edgeattn import hf_models
+
+    torch = require("torch", "decoder export")
+    model, tokenizer, kind = hf_models.load(name_or_dir, attn_implementation="sdpa")
+    if kind != "decoder":
+        raise ModelError(f"--decoder: expected a causal LM, found an {kind} ({name_or_dir})")
+    from edgeattn.decoder.cached_llama import CachedDecoder
+
+    trained = getattr(model.config, "sliding_window", None)
+    if trained and config.window_max > trained:  # a model trained with a sliding window keeps it
+        config = DecoderExportConfig(**{**asdict(config), "window_max": int(trained)})
+    wrapper = CachedDecoder(model, config.sinks).eval()
+    layers = len(wrapper.layers)
+    b, s, cap = 2, config.example_seq, config.sinks + 32  # not 1: torch.export specialises dims of size 1
+    ids = torch.randint(0, 1000, (b, s), dtype=torch.int64)
+    past = [torch.zeros(b, wrapper.kv_heads, cap, wrapper.head_dim) for _ in range(2 * layers)]
+    args = (ids, torch.zeros(b, dtype=torch.int64), torch.tensor(0, dtype=torch.int64), *past)
+    names = ["input_ids", POSITION_INPUT, WINDOW_INPUT, *past_names(layers)]
+    outputs = ["logits", *present_names(layers)]
+    batch, seq, cache = (torch.export.Dim(n) for n in ("batch", "seq", "cache"))
+    dynamic = ({0: batch, 1: seq}, {0: batch}, None, ({0: batch, 2: cache},) * (2 * layers))  # *past: one entry
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
+    os.close(fd)
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(wrapper, args, dynamo=True, opset_version=config.opset,
+                                        input_names=names, output_names=outputs, dynamic_shapes=dynamic,
+                                        optimize=True, verbose=False)
+        program.save(tmp)
+        _finish(tmp, decoder_metadata(model, tokenizer, config))
+        os.replace(tmp, out)
+    except ModelError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"decoder export failed: {exc}") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _finish(path: str, metadata: dict[str, str]) -> None:
+    """Attach the cached op's ONNX body and the metadata."""
+    import onnx
+    from onnx import helper
+
+    from edgeattn.attention import DOMAIN, OPSET_VERSION
+    from edgeattn.attention.cached_function import CACHED_OP_TYPE, cached_function_proto
+    from edgeattn.onnx_model import opset_of
+
+    model = onnx.load(path, load_external_data=True)
+    kept = [f for f in model.functions if not (f.domain == DOMAIN and f.name == CACHED_OP_TYPE)]
+    del model.functions[:]
+    model.functions.extend(kept + [cached_function_proto(opset_of(model))])
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+    if model.ir_version < 9:
+        model.ir_version = 9
+    for key, value in metadata.items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, path)
