@@ -97,8 +97,9 @@ class SoftmaxAttention(_WindowedRule):
         scores = pattern.OrValue([op.Add(scores, mask), op.Where(mask, scores, fill), scores],
                                  tag_var="masking", tag_values=["add", "keep", "none"])
         weights = op.Softmax(scores, axis=-1)
-        weights = pattern.OrValue([op.Cast(op.Cast(weights)), op.Cast(weights), op.Where(op.IsNaN(weights), nan_fill, weights),
-                                   weights], tag_var="casts", tag_values=[2, 1, "nan", 0])  # TorchScript casts twice
+        nan_guarded = op.Where(op.IsNaN(weights), nan_fill, weights)
+        weights = pattern.OrValue([op.Cast(op.Cast(weights)), op.Cast(weights), nan_guarded, weights],
+                                  tag_var="casts", tag_values=[2, 1, "nan", 0])  # TorchScript casts twice
         return op.MatMul(weights, v)
 
     def check(self, context, q, kt, v, qk_scale=None, q_scale=None, k_scale=None, mask=None, fill=None,
