@@ -88,9 +88,10 @@ def _leftovers(graph: ir.Graph, failures: dict[str, str]) -> list[dict[str, str]
     return left
 
 
-def candidates(graph: ir.Graph) -> int:
-    """How many attention blocks the graph holds: softmax(.) V MatMuls and Attention nodes."""
-    return sum(1 for n in graph if _is(n, "Attention") or (_is(n, "Softmax") and _first_matmul_after(n)))
+def candidates(graph: ir.Graph) -> list[ir.Node]:
+    """The graph's attention blocks, unfused: Attention nodes and the MatMuls of softmax(.) V."""
+    return [n if _is(n, "Attention") else _first_matmul_after(n) for n in graph
+            if _is(n, "Attention") or (_is(n, "Softmax") and _first_matmul_after(n))]
 
 
 def _label(node: ir.Node) -> str:
@@ -131,7 +132,7 @@ class FuseAttention:
         opset = model.opset_imports.get("", 0)
         if opset < MIN_OPSET:
             reason = f"the op's ONNX body needs opset >= {MIN_OPSET}, the model has opset {opset}"
-            left = [{"node": f"block {i}", "reason": reason} for i in range(candidates(graph))]
+            left = [{"node": _label(n), "reason": reason} for n in candidates(graph)]
             problems = [f"{len(left)} attention block(s) left unfused: {reason} (the upgrade-opset pass "
                         f"upgrades opsets 13-17)"] if left else []
             return self._strict(ctx, self._result(model, already, left, problems))

@@ -38,7 +38,7 @@ class UpgradeOpset:
             return PassResult(self.name, False, f"opset {opset}: no upgrade needed", details)
         if "fuse-attention" not in ctx.options.get("passes", ("fuse-attention",)):
             return PassResult(self.name, False, f"opset {opset} kept: fuse-attention is not run", details)
-        blocks = candidates(model.graph)
+        blocks = len(candidates(model.graph))
         if not blocks:
             return PassResult(self.name, False, f"opset {opset} kept: no attention to fuse", details)
         if opset < OLDEST:
