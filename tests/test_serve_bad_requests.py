@@ -181,3 +181,22 @@ def test_a_flood_of_failing_requests_costs_at_most_one_extra_run_each(bundle):
     # after the first stacked failure, requests run alone for a while: no more stacked runs to repeat
     stacked = [rows for rows in runs if rows > 1]
     assert len(stacked) <= 2 and len(runs) <= 48 + len(stacked), runs
+
+
+def test_a_killed_json_worker_costs_one_request_and_is_replaced(bundle):
+    import os
+    import signal as signals
+
+    from edgeattn.runtime.server.app import JSON_WORKER
+
+    app = create_app([bundle], ServeSettings(port=0, warmup_runs=0), sensors=False)
+    n = 100_000  # above the offload size: decoded in the worker
+    body = _raw("[" + ", ".join(["7"] * n) + "]", shape=f"[1, {n}]", mask="[" + ", ".join(["1"] * n) + "]")
+    with BackgroundServer(app) as url:
+        wait_ready_http(url)
+        assert http(url, "POST", INFER, body, JSON)[0] == 400  # too long for the bundle, but decoded
+        assert app[JSON_WORKER].pids
+        for pid in app[JSON_WORKER].pids:
+            os.kill(pid, signals.SIGKILL)
+        statuses = [http(url, "POST", INFER, body, JSON)[0] for _ in range(2)]
+    assert statuses in ([503, 400], [400, 400]), statuses

@@ -11,14 +11,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import multiprocessing
+import signal
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
-from edgeattn.runtime.server.kserve import InferRequest, encode_response, parse_request
+from edgeattn.runtime.server.kserve import InferRequest, ProtocolError, encode_response, parse_request
 
 OFFLOAD_BYTES = 256 << 10  # JSON request bodies larger than this are decoded in the worker process
 OFFLOAD_VALUES = 1 << 15  # responses writing more values than this as JSON are encoded there
+
+
+def _ignore_stop_signals() -> None:
+    """In the worker: Ctrl-C (sent to the whole process group) and SIGTERM are the server's to handle;
+    the server ends the worker with close()."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class JsonWorker:
@@ -29,8 +38,14 @@ class JsonWorker:
 
     async def _run(self, fn, *args):
         if self._pool is None:  # spawn: the server process has backend threads, which fork must not copy
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_ignore_stop_signals)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except BrokenProcessPool:  # the worker died (killed, out of memory): the next request starts another
+            self._pool = None
+            raise ProtocolError("the JSON worker process stopped while decoding or encoding this request; "
+                                "retry (binary tensors avoid it)", 503) from None
 
     async def parse(self, body: bytes, header_length: str | None, json_bytes: int) -> InferRequest:
         if json_bytes <= OFFLOAD_BYTES:
@@ -48,6 +63,11 @@ class JsonWorker:
         if wanted is not None:
             outputs = {w.name: outputs[w.name] for w in wanted}
         return await self._run(encode_response, model, version, slim, outputs, parameters)
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker's process id, once started (monitoring, tests)."""
+        return [] if self._pool is None else [p.pid for p in self._pool._processes.values()]
 
     def close(self) -> None:
         if self._pool is not None:
