@@ -124,6 +124,9 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
             parity = _parity(reference, staging / artifact.artifact, processed_sig, shape_plan, config, artifact,
                              quantized)
         progress("parity: " + _parity_line(parity))
+        from edgeattn.decoder.metadata import write_bundle_files  # decoders: tokenizer and cache geometry
+
+        decoder_files, decoder = write_bundle_files({p.key: p.value for p in source.metadata_props}, staging)
         problems = [p for r in results for p in r.problems] + artifact.problems
         if config.strict and problems:
             raise StrictModeError(f"--strict: {len(problems)} problem(s), first: {problems[0]}")
@@ -141,14 +144,15 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
             source={"path": str(model_path.resolve()), "opset": sig.opset, "target_reason": why},
             sections={"passes": [r.as_dict() for r in results], "engine": artifact.details,
                       "parity": parity, "problems": problems,
-                      "dimension_kinds": shape_plan.kinds, **(sections or {})},
+                      "dimension_kinds": shape_plan.kinds, **({"decoder": decoder} if decoder else {}),
+                      **(sections or {})},
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         )
         from edgeattn.bundle.report import render
 
         (staging / REPORT_NAME).write_text(render(manifest), encoding="utf-8")
         manifest.hash_files(staging, [PROCESSED_NAME, artifact.artifact, REPORT_NAME]
-                            + artifact.details.get("extra_files", []))
+                            + artifact.details.get("extra_files", []) + decoder_files)
         (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
     return open_bundle(out)
 

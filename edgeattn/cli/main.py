@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "quantize": ("edgeattn.cli.quantize_cmd", "quantize", "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX."),
     "distill-text": ("edgeattn.cli.distill_text_cmd", "distill_text",
                      "Write distillation text sampled from a language model (for sparsify / quantize --calib)."),
+    "generate": ("edgeattn.cli.generate_cmd", "generate", "Generate text from a decoder bundle (sinks + ring KV cache)."),
     "eval": ("edgeattn.cli.eval_cmd", "eval", "Fidelity of a quantized ONNX against the float model and against PTQ."),
     "pipeline": ("edgeattn.cli.pipeline_cmd", "pipeline", "Run a deployment recipe (export .. build .. export-triton), resumably."),
 }

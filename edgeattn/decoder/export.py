@@ -19,19 +19,8 @@ from pathlib import Path
 from edgeattn.errors import ConfigError, ModelError
 from edgeattn.optional import require
 
-DECODER_KEY = "edgeattn.decoder"  # JSON: the cache geometry and the special tokens
-TOKENIZER_KEY = "edgeattn.tokenizer"  # tokenizer.json (the `tokenizers` format)
-CHAT_TEMPLATE_KEY = "edgeattn.chat_template"
-WINDOW_INPUT = "attention_window"
-POSITION_INPUT = "cache_position"
-
-
-def past_names(layers: int) -> list[str]:
-    return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-
-
-def present_names(layers: int) -> list[str]:
-    return [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+from edgeattn.decoder.metadata import (DECODER_KEY, POSITION_INPUT, TOKENIZER_KEY, WINDOW_INPUT, past_names,
+                                       present_names)
 
 
 @dataclass(frozen=True)
@@ -65,14 +54,14 @@ def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str,
         "add_bos": bool(getattr(tokenizer, "add_bos_token", False)),
         "trained_sliding_window": getattr(c, "sliding_window", None),
         "dtype": "float32",
+        "special_tokens": {k: getattr(tokenizer, k, None) for k in ("bos_token", "eos_token", "pad_token")},
+        "chat_template": getattr(tokenizer, "chat_template", None) or None,
     }
     meta = {DECODER_KEY: json.dumps(info)}
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
     if backend is None:
         raise ModelError("decoder export: expected a fast (tokenizers) tokenizer, found a slow one")
     meta[TOKENIZER_KEY] = backend.to_str()
-    if getattr(tokenizer, "chat_template", None):
-        meta[CHAT_TEMPLATE_KEY] = tokenizer.chat_template
     return meta
 
 
@@ -80,10 +69,16 @@ def export_decoder(name_or_dir: str | Path, out: str | Path, config: DecoderExpo
     """Load a packaged alias or a Hugging Face folder and write the decoder ONNX to `out`, atomically."""
     from edgeattn import hf_models
 
-    torch = require("torch", "decoder export")
     model, tokenizer, kind = hf_models.load(name_or_dir, attn_implementation="sdpa")
     if kind != "decoder":
         raise ModelError(f"--decoder: expected a causal LM, found an {kind} ({name_or_dir})")
+    return export_decoder_model(model, tokenizer, out, config)
+
+
+def export_decoder_model(model, tokenizer, out: str | Path,
+                         config: DecoderExportConfig = DecoderExportConfig()) -> Path:
+    """Export a loaded Hugging Face causal LM and its (fast) tokenizer."""
+    torch = require("torch", "decoder export")
     from edgeattn.decoder.cached_llama import CachedDecoder
 
     trained = getattr(model.config, "sliding_window", None)

@@ -1,0 +1,66 @@
+"""edgeattn generate."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--prompt", help="The prompt text.")
+@click.option("--chat", "chat_file", type=click.Path(path_type=Path),
+              help="A JSON file of chat messages ([{\"role\": ..., \"content\": ...}]); the bundle's chat template applies.")
+@click.option("--max-tokens", default=128, show_default=True, help="New tokens at most.")
+@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--top-k", default=0, show_default=True, help="0 = no limit.")
+@click.option("--seed", type=int, help="Makes sampling reproducible.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (not included); repeatable.")
+@click.option("--window", default=0, show_default=True,
+              help="Attention window in tokens (sinks kept); 0 = the whole ring.")
+@click.option("--window-max", type=int, help="Ring size to allocate [default: the bundle's].")
+@click.option("--threads", default=0, help="ONNX Runtime threads (0 = its default).")
+@click.option("--stream", is_flag=True, help="Print text as it is generated.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (text, tokens, usage, timing).")
+def generate(bundle, prompt, chat_file, max_tokens, temperature, top_p, top_k, seed, stop, window, window_max,
+             threads, stream, as_json):
+    """Generate text from a decoder BUNDLE (built from `edgeattn export MODEL --decoder`)."""
+    from edgeattn.errors import InputError
+    from edgeattn.runtime.generation.generator import GenerationConfig, GenerationResult, Generator
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    if (prompt is None) == (chat_file is None):
+        raise InputError("expected exactly one of --prompt TEXT and --chat FILE")
+    source = prompt
+    if chat_file is not None:
+        try:
+            source = json.loads(Path(chat_file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"--chat {chat_file}: expected a JSON list of messages, found: {exc}") from None
+    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop), window=window,
+                              sampling=SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
+    result = GenerationResult("", [], "length", 0, 0, [])
+    with Generator.open(bundle, window_max=window_max, threads=threads) as gen:
+        for chunk in gen.stream(source, config, result=result):
+            if stream and not as_json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+    if as_json:
+        click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,
+                               "usage": {"prompt_tokens": result.prompt_tokens,
+                                         "completion_tokens": result.completion_tokens,
+                                         "evicted_prompt_tokens": result.evicted_prompt_tokens},
+                               "prefill_s": round(result.prefill_s, 4), "decode_s": round(result.decode_s, 4)}))
+        return
+    if stream:
+        click.echo("")
+    else:
+        click.echo(result.text)
+    tps = result.completion_tokens / result.decode_s if result.decode_s > 0 else float("nan")
+    note = f", {result.evicted_prompt_tokens} prompt tokens evicted" if result.evicted_prompt_tokens else ""
+    click.echo(f"[{result.prompt_tokens} prompt + {result.completion_tokens} tokens, {result.finish_reason}, "
+               f"{tps:.1f} tokens/s{note}]", err=True)

@@ -1,0 +1,61 @@
+"""The KV cache of a decoder bundle on the host: per layer one [B, H_kv, C, D] buffer for keys and one for
+values (C = sinks + ring), one row of B per stream, written in place (edgeattn.attention.ring)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeattn.attention.ring import RingLayout
+from edgeattn.errors import ConfigError
+
+
+class KVCache:
+    def __init__(self, *, layers: int, kv_heads: int, head_dim: int, layout: RingLayout, streams: int = 1,
+                 dtype: str = "float32") -> None:
+        if streams < 1:
+            raise ConfigError(f"streams: expected >= 1, found {streams}")
+        self.layout = layout
+        shape = (streams, kv_heads, layout.capacity, head_dim)
+        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.values = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.positions = np.zeros(streams, dtype=np.int64)  # tokens seen by each stream
+
+    @property
+    def streams(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys + self.values)
+
+    def held(self, stream: int) -> int:
+        """Tokens of a stream whose keys are still in the cache (sinks + ring rows in use)."""
+        n = int(self.positions[stream])
+        return min(n, self.layout.sinks) + min(max(n - self.layout.sinks, 0), self.layout.window_max)
+
+    def evicted(self, stream: int) -> int:
+        return int(self.positions[stream]) - self.held(stream)
+
+    def reset(self, stream: int) -> None:
+        """Forget a stream (its rows are overwritten as the next one fills them; nothing is read before then)."""
+        self.positions[stream] = 0
+
+    def past(self, streams: slice | np.ndarray) -> list[np.ndarray]:
+        """The buffers of some streams, layer by layer, key then value (views when `streams` is a slice)."""
+        out = []
+        for k, v in zip(self.keys, self.values):
+            out += [k[streams], v[streams]]
+        return out
+
+    def write(self, presents: list[np.ndarray], streams: list[int]) -> None:
+        """presents: [key, value] per layer, [len(streams), H_kv, S, D]; advances those streams by S."""
+        s = presents[0].shape[2]
+        if s > self.layout.window_max:
+            raise ConfigError(f"a chunk of {s} tokens is longer than the ring ({self.layout.window_max} rows)")
+        for row, stream in enumerate(streams):
+            n = int(self.positions[stream])
+            slots = self.layout.slots(np.arange(n, n + s))
+            for layer in range(len(self.keys)):
+                self.keys[layer][stream][:, slots] = presents[2 * layer][row]
+                self.values[layer][stream][:, slots] = presents[2 * layer + 1][row]
+            self.positions[stream] = n + s

