@@ -59,12 +59,12 @@ def mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k,
 
 @triton.jit
 def query_tile(Window, H, GROUP, S_q, S_k, sm_scale, BLOCK_M: tl.constexpr):
-    """The prefill prologue: this program's (batch, head, kv head) and query rows.
+    """The prefill prologue: this program's batch, head, kv head and query rows.
 
     Grid (cdiv(S_q, BLOCK_M), B * H); tiles run last first (causal: the longest tiles first, so a shorter
-    tail). Queries are the last S_q of the S_k positions. Returns b, hk (int64), h (int32), the window,
-    qk_scale (sm_scale / ln 2), the tile's first row, rows [BLOCK_M], their positions pos [BLOCK_M] and
-    the tile's smallest and largest position p_min, p_max (rows past S_q excluded).
+    tail). Queries are the last S_q of the S_k positions. Returns b, h, hk (b and hk int64, h int32), the
+    effective window, qk_scale (sm_scale / ln 2), the tile's first row, rows [BLOCK_M], their positions
+    pos [BLOCK_M], and the tile's smallest and largest position p_min, p_max (rows past S_q left out).
     """
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -76,7 +76,7 @@ def query_tile(Window, H, GROUP, S_q, S_k, sm_scale, BLOCK_M: tl.constexpr):
     first = pid_m * BLOCK_M
     rows = first + tl.arange(0, BLOCK_M)  # query row index
     q_off = S_k - S_q
-    pos = rows + q_off
+    pos = rows + q_off  # pos: [BLOCK_M] absolute query positions
     p_min = first + q_off
     p_max = tl.minimum(first + BLOCK_M - 1, S_q - 1) + q_off
     return b, h, hk, window, qk_scale, first, rows, pos, p_min, p_max
@@ -86,9 +86,10 @@ def query_tile(Window, H, GROUP, S_q, S_k, sm_scale, BLOCK_M: tl.constexpr):
 def key_blocks(p_min, p_max, window, sinks, S_k, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
     """The key blocks a query tile with positions [p_min, p_max] visits, as block-aligned key offsets.
 
-    [start_n, end_blk): the window's blocks, up to the diagonal (causal) or the right edge; inside it,
-    [full_lo, full_hi) are blocks inside every row's window and below S_k (no mask needed). [0,
-    sink_stop): the sinks left of the window. Work ~ (p_max - p_min + W + sinks) keys, not S_k.
+    Returns start_n, end_blk, full_lo, full_hi, sink_stop. [start_n, end_blk): the window's blocks, up
+    to the diagonal (causal) or the right edge; inside it, [full_lo, full_hi): blocks inside every row's
+    window and below S_k (no mask needed); [0, sink_stop): the sinks left of the window. Work ~
+    (p_max - p_min + W + sinks) keys per row, not S_k.
     """
     lo = tl.maximum(p_min - window + 1, 0)
     if CAUSAL:

@@ -1,5 +1,5 @@
 """Host-side pieces every launch wrapper shares: strides the kernels accept, the padding-mask argument,
-the device's compute capability. Torch is imported by the callers' tensors, not here."""
+the device's compute capability. torch is imported inside the functions (lazily)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The prefill / encoder kernel (`_windowed_fwd_kernel`): the one the AOT builds and TensorRT plugins ship.
 
 FlashAttention-2 style online softmax, one program per (query tile, batch x head). It visits only the
-key blocks inside the tile's window plus the sink blocks left of it (work ~ S_q x (W + sinks)), and only
-edge blocks pay for the mask. The window is read from a device tensor, so a new window needs no
-recompile and no host sync. Reads top to bottom: the inner loop, the kernel, the public launch
-`default_prefill`. `dispatch.windowed_prefill` picks this kernel or the sm_90 one (prefill_hopper.py).
+key blocks inside the tile's window plus the sink blocks left of it (work ~ S_q x (W + sinks)), and
+without padding only edge blocks pay for the mask. The window is read from a device tensor, so a new
+window needs no recompile and no host sync. Reads top to bottom: the inner loop (one_loop=False runs
+common.attend_blocks per region instead), the kernel, the public launch `default_prefill`.
+`dispatch.windowed_prefill` picks this kernel or the sm_90 one (prefill_hopper.py).
 
 The kernel's name, parameter order and constexprs are the contract of the AOT builds (aot.py) and the
 TensorRT plugins: inputs, int32 scalars, output.
