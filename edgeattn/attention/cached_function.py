@@ -26,7 +26,7 @@ CACHED_ATTRIBUTES = {"sinks": 0, "scale": 0.0, "plugin_namespace": DOMAIN}
 
 
 def _build_cached(b: _Body) -> str:
-    """Shapes in comments: G = H / H_kv, W = live window, NS = max(sinks, 1) sink rows read."""
+    """Shapes in comments: G = H / H_kv, N = ring rows read (<= W), NS = max(sinks, 1) sink rows read."""
     i0, i1 = b.const(0), b.const(1)
     sinks = b.attr_const("sinks", onnx.AttributeProto.INT)
     scale_attr = b.attr_const("scale", onnx.AttributeProto.FLOAT)
@@ -43,13 +43,17 @@ def _build_cached(b: _Body) -> str:
                     check="expected cache_position [B]")  # [B, 1]
     d_f = b.Cast(d, to=TensorProto.FLOAT)
     scale = b.Where(b.Equal(scale_attr, b.const(0.0, np.float32)), b.Reciprocal(b.Sqrt(d_f)), scale_attr)
-    # ring rows before the chunk: positions pos - W .. pos - 1, at rows sinks + (p - sinks) mod Wmax
-    r = b.Range(i0, w, i1)  # [W]
-    kpos_w = b.Add(b.Sub(pos, w), b.Unsqueeze(r, b.const([0])))  # [B, W]
+    # ring rows before the chunk: the last n = min(W, filled ring rows) positions pos - n .. pos - 1 (at least
+    # one row: zero-sized tensors break older ORT), at rows sinks + (p - sinks) mod Wmax. A short stream
+    # reads only what it has written, whatever the ring's size.
+    filled = b.Sub(b.ReduceMax(pos, keepdims=0), sinks)
+    n = b.Max(b.Min(w, filled), i1)
+    r = b.Range(i0, n, i1)  # [N]
+    kpos_w = b.Add(b.Sub(pos, n), b.Unsqueeze(r, b.const([0])))  # [B, N]
     slot_w = b.Add(sinks, b.Mod(b.Sub(kpos_w, sinks), wmax))  # Mod (fmod=0) of an int is >= 0 for Wmax > 0
-    valid_w = b.And(b.GreaterOrEqual(kpos_w, sinks), b.GreaterOrEqual(kpos_w, i0))  # [B, W]
-    idx = b.Expand(b.Reshape(slot_w, b.vec(bsz, i1, w, i1)), b.vec(bsz, hkv, w, d))
-    kw = b.GatherElements(pk, idx, axis=2)  # [B, H_kv, W, D]
+    valid_w = b.And(b.GreaterOrEqual(kpos_w, sinks), b.GreaterOrEqual(kpos_w, i0))  # [B, N]
+    idx = b.Expand(b.Reshape(slot_w, b.vec(bsz, i1, n, i1)), b.vec(bsz, hkv, n, d))
+    kw = b.GatherElements(pk, idx, axis=2)  # [B, H_kv, N, D]
     vw = b.GatherElements(pv, idx, axis=2)
     # sink rows: at least one row is read even without sinks (then masked): zero-sized tensors break older ORT
     ns = b.Max(sinks, i1)
@@ -59,7 +63,8 @@ def _build_cached(b: _Body) -> str:
     valid_s = b.And(b.Less(kpos_s, sinks), b.Less(kpos_s, pos))  # [B, NS]: a sink row is filled once pos > j
     # masks as additive biases, [B, 1, 1, S, L]: broadcast over the KV heads and the G query heads
     qi = b.Unsqueeze(b.Range(i0, sq, i1), b.const([1]))  # [S, 1]
-    ok_w = b.And(b.Unsqueeze(valid_w, b.const([1])), b.Less(qi, b.Unsqueeze(r, b.const([0]))))  # t - p < W <=> i < r
+    dist = b.Sub(b.Add(qi, n), b.Unsqueeze(r, b.const([0])))  # [S, N]: t - p = i + n - r
+    ok_w = b.And(b.Unsqueeze(valid_w, b.const([1])), b.Less(dist, w))
     ok_s = b.Unsqueeze(valid_s, b.const([1]))  # [B, 1, NS]
     kj = b.Unsqueeze(b.Range(i0, sq, i1), b.const([0]))  # [1, S]
     new_pos = b.Add(pos, kj)  # [B, S] positions of the chunk's keys

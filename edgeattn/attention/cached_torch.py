@@ -49,17 +49,18 @@ def _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks,
     w = wmax if w <= 0 or w > wmax else w
     scale = scale or d ** -0.5
     pos = cache_position.to(dev, torch.int64).reshape(b, 1)  # [B, 1]
-    r = torch.arange(w, device=dev)
-    kpos_w = pos - w + r  # [B, W]
+    n = max(min(w, int(pos.max()) - sinks), 1)  # ring rows read: the last min(W, filled) (see cached_function)
+    r = torch.arange(n, device=dev)
+    kpos_w = pos - n + r  # [B, N]
     slot_w = sinks + torch.remainder(kpos_w - sinks, wmax)
     valid_w = (kpos_w >= sinks) & (kpos_w >= 0)
-    idx = slot_w[:, None, :, None].expand(b, h_kv, w, d)
-    kw, vw = past_key.gather(2, idx).float(), past_value.gather(2, idx).float()  # [B, H_kv, W, D]
+    idx = slot_w[:, None, :, None].expand(b, h_kv, n, d)
+    kw, vw = past_key.gather(2, idx).float(), past_value.gather(2, idx).float()  # [B, H_kv, N, D]
     ns = max(sinks, 1)
     ks, vs = past_key[:, :, :ns].float(), past_value[:, :, :ns].float()  # [B, H_kv, NS, D]
     valid_s = (torch.arange(ns, device=dev) < sinks) & (torch.arange(ns, device=dev) < pos)  # [B, NS]
     qi, kj = torch.arange(s, device=dev)[:, None], torch.arange(s, device=dev)[None, :]
-    ok_w = valid_w[:, None, :] & (qi < r[None, :])  # [B, S, W]
+    ok_w = valid_w[:, None, :] & ((qi + n - r[None, :]) < w)  # [B, S, N]: t - p = i + n - r < W
     ok_s = valid_s[:, None, :].expand(b, s, ns)
     ok_n = (kj <= qi) & (((qi - kj) < w) | ((pos + kj) < sinks)[:, None, :])  # [B, S, S]
     qg = (q.float() * scale).reshape(b, h_kv, g * s, d)
