@@ -6,7 +6,8 @@ runs the JIT torch op instead): it returns the PTX, the cubin and the launch met
 threads, shared memory, the runtime parameter order, the grid rule). `compile_all(config)` writes every
 variant for every arch plus `index.json`.
 
-Kernel parameter order (TensorRT AOT convention): input pointers, int32 scalars, output pointers.
+Kernel parameter order (TensorRT AOT convention): input pointers, scalars (int32; `sm_scale` is fp32 unless
+a variant fixes `scale`), output pointers.
 Triton >= 3.3 appends two hidden pointer parameters (global and profile scratch) after them; these
 kernels use no scratch memory, so a launcher may pass null for both (see docs/kernels.md).
 """
@@ -25,7 +26,7 @@ ARCHS = {"sm_87": 87, "sm_90": 90, "sm_110": 110}
 DTYPES = {"fp16": "*fp16", "bf16": "*bf16"}
 KINDS = ("prefill", "decode_split", "decode_reduce")
 DECODE_BLOCK_M = 16  # AOT decode variants serve GROUP * S_q <= 16 rows per kv head
-DECODE_SPLITS = 16
+DECODE_SPLITS = 16  # programs per kv head in the AOT decode grid (a power of two)
 
 
 @dataclass(frozen=True)

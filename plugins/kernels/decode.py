@@ -6,8 +6,8 @@ are split across SPLITS programs per kv head; each program runs the online softm
 head in group * S_q + query), so every K/V byte is read once. The reduce kernel merges the SPLITS partial
 softmaxes of each row. Reads top to bottom: the two kernels, the public launch `windowed_decode`.
 
-Kernel names, parameter order and constexprs are the contract of the AOT builds (aot.py): inputs, int32
-scalars, outputs.
+Kernel names, parameter order and constexprs are the contract of the AOT builds (aot.py): input
+pointers, scalars (int32; sm_scale fp32), output pointers.
 """
 
 from __future__ import annotations
@@ -133,6 +133,8 @@ def windowed_decode(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_pad
     block_m = max(16, triton.next_power_of_2(group * s_q))  # tl.dot needs >= 16 rows
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else INTERPRETER_SMS
     n_split = splits or decode_splits(b * h_kv, s_k, sms)
+    # part_o: [B*H_kv, SPLITS, BLOCK_M, D], part_m / part_l: [B*H_kv, SPLITS, BLOCK_M]: each split's partial
+    # output, running max (log2 domain) and sum, fp32
     part_o = torch.empty((b * h_kv, n_split, block_m, d), device=q.device, dtype=torch.float32)
     part_m = torch.empty((b * h_kv, n_split, block_m), device=q.device, dtype=torch.float32)
     part_l = torch.empty_like(part_m)

@@ -8,7 +8,7 @@ common.attend_blocks per region instead), the kernel, the public launch `default
 `dispatch.windowed_prefill` picks this kernel or the sm_90 one (prefill_hopper.py).
 
 The kernel's name, parameter order and constexprs are the contract of the AOT builds (aot.py) and the
-TensorRT plugins: inputs, int32 scalars, output.
+TensorRT plugins: input pointers, scalars (int32; sm_scale fp32), output pointer.
 """
 
 from __future__ import annotations
