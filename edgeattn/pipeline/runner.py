@@ -100,7 +100,7 @@ def run(recipe: Recipe, *, force: bool = False, from_stage: str | None = None,
 def _execute(recipe: Recipe, stage: Stage, key: str, inputs: dict[str, str], records: dict[str, StageRecord],
              folder: Path, on_event: Callable[[Event], None]) -> StageRecord:
     record = StageRecord(stage.name, stage.kind, key, stage.options, inputs, tools=tool_versions())
-    chain = tuple(records[s.name].chain_entry() for s in recipe.ancestors(stage)) + (record.chain_entry(),)
+    chain = tuple(records[s.name].chain_entry() for s in recipe.ancestors(stage)) + (record.chain_entry(running=True),)
     started = time.perf_counter()
     with atomic.directory(folder, owned=is_stage_folder, what="pipeline stage folder") as staging:
         run_ = Run(_source(recipe, stage), staging, lambda msg: on_event(Event(stage.name, "progress", msg)), chain)
@@ -144,7 +144,7 @@ def _inputs(recipe: Recipe, stage: Stage, records: dict[str, StageRecord]) -> di
     """Input label -> sha256 of everything the stage reads."""
     out = {f"option {key}": sha256_file(path) for key, path in stage.parsed.files}
     if stage.input is None:
-        out[f"{KINDS[stage.kind].input_option} {stage.parsed.model}"] = _external_digest(stage.parsed.model)
+        out[KINDS[stage.kind].input_option] = _external_digest(stage.parsed.model)
     else:
         up = recipe.stage(stage.input)
         out[f"{up.name}:{stage.reads}"] = records[up.name].artifact_digest(dict(up.parsed.writes)[stage.reads])

@@ -81,9 +81,15 @@ class StageRecord:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=str) + "\n"
 
-    def chain_entry(self) -> dict[str, Any]:
-        """The record as the bundle manifest's `pipeline` section lists it."""
-        return asdict(self)
+    def chain_entry(self, *, running: bool = False) -> dict[str, Any]:
+        """The record as the bundle manifest's `pipeline` section lists it. `running`: the stage writing
+        the bundle, whose outputs are the bundle's own files (the manifest hashes them)."""
+        entry = asdict(self)
+        if running:
+            for name in ("outputs", "seconds", "finished", "summary"):
+                entry.pop(name)
+            entry["outputs"] = "this bundle: see the manifest's files"
+        return entry
 
     def artifact_digest(self, relpath: str) -> str:
         """sha256 over the output files of one artifact (a file, or a folder's files)."""

@@ -1,0 +1,254 @@
+"""edgeattn pipeline end to end: stages run in order, reruns do only what changed, a killed run resumes
+to a correct result, and every bundle carries the chain of stages that made it.
+
+The fast tests run a build + export-triton recipe on a tiny ONNX model; the slow ones run the MiniLM
+recipe (2:4 with W8A8 QAT, cpu and rtx bundles) with tiny step counts, killed during QAT once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edgeattn.bundle.manifest import sha256_file
+from edgeattn.pipeline import load, plan, run
+from onnx_fixtures import has, requires_minilm, requires_torch, tiny_model
+
+TINY = """[pipeline]
+name = "tiny"
+
+[[stage]]
+kind = "build"
+model = "tiny.onnx"
+target = "cpu"
+seq = {seq}
+
+[[stage]]
+kind = "export-triton"
+max_queue_delay_us = {delay}
+"""
+
+
+def tiny_recipe(tmp_path: Path, seq=(1, 8, 32), delay=100) -> Path:
+    if not (tmp_path / "tiny.onnx").exists():
+        onnx.save(tiny_model(), str(tmp_path / "tiny.onnx"))
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(seq=list(seq), delay=delay))
+    return path
+
+
+def events_of(recipe_path: Path, **kw) -> dict[str, str]:
+    """Run the recipe; stage -> what happened to it (done, up to date, skip)."""
+    seen = {}
+    run(load(recipe_path), on_event=lambda e: seen.__setitem__(e.stage, e.what) if e.what != "progress" else None,
+        **kw)
+    return seen
+
+
+def test_rerun_does_no_work_and_a_change_reruns_that_stage_and_the_ones_after_it(tmp_path):
+    path = tiny_recipe(tmp_path)
+    work = tmp_path / "tiny.pipeline"
+    assert events_of(path) == {"build": "done", "export-triton": "done"}
+    record = json.loads((work / "build" / "stage.json").read_text())
+    assert events_of(path) == {"build": "up to date", "export-triton": "up to date"}
+    assert json.loads((work / "build" / "stage.json").read_text()) == record  # nothing rewritten
+
+    tiny_recipe(tmp_path, delay=200)  # an option of the last stage: only it reruns
+    assert [(s.stage.name, s.action, s.reason) for s in plan(load(path))] == [
+        ("build", "up to date", "key and outputs unchanged"),
+        ("export-triton", "run", "options changed: max_queue_delay_us")]
+    assert events_of(path) == {"build": "up to date", "export-triton": "done"}
+    assert "max_queue_delay_microseconds: 200" in (work / "export-triton" / "repo" / "tiny" / "config.pbtxt").read_text()
+
+    tiny_recipe(tmp_path, seq=(1, 8, 64), delay=200)  # a build option: the build and the stage after it
+    assert [s.reason for s in plan(load(path))] == ["options changed: seq", "after build runs (if its output changes)"]
+    assert events_of(path) == {"build": "done", "export-triton": "done"}
+    assert json.loads((work / "build" / "bundle" / "manifest.json").read_text())["shape_ranges"]["seq"] == [1, 8, 64]
+
+    onnx.save(tiny_model(seed=1), str(tmp_path / "tiny.onnx"))  # the input changed
+    assert plan(load(path))[0].reason == "input changed: model"
+    assert events_of(path) == {"build": "done", "export-triton": "done"}
+
+    (work / "build" / "bundle" / "report.md").write_text("edited\n")  # an output altered by hand
+    assert plan(load(path))[0].reason == "output bundle/report.md changed since it was written"
+    assert events_of(path)["build"] == "done"
+    assert events_of(path, from_stage="export-triton") == {"build": "up to date", "export-triton": "done"}
+    assert events_of(path, force=True) == {"build": "done", "export-triton": "done"}
+
+
+def test_the_bundle_manifest_carries_the_chain_and_inspect_shows_it(tmp_path, runner):
+    from edgeattn.cli.main import cli
+
+    path = tiny_recipe(tmp_path)
+    records = run(load(path))
+    bundle = tmp_path / "tiny.pipeline" / "build" / "bundle"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (entry,) = manifest["sections"]["pipeline"]
+    assert entry["name"] == "build" and entry["kind"] == "build" and entry["key"] == records["build"].key
+    assert entry["options"] == {"model": "tiny.onnx", "target": "cpu", "seq": [1, 8, 32], "name": "tiny"}
+    assert entry["inputs"] == {"model": sha256_file(tmp_path / "tiny.onnx")}
+    assert entry["tools"]["edgeattn"] and entry["tools"]["onnxruntime"]
+    assert manifest["name"] == "tiny" and manifest["sections"]["parity"]["status"] == "pass"
+    stage = json.loads((tmp_path / "tiny.pipeline" / "build" / "stage.json").read_text())
+    assert stage["outputs"]["bundle/manifest.json"] == sha256_file(bundle / "manifest.json")
+    assert stage["seconds"] > 0 and stage["summary"]["parity"] == "pass"
+    result = runner.invoke(cli, ["inspect", str(bundle)])
+    assert result.exit_code == 0, result.output
+    assert "pipeline: the stages that made this bundle" in result.output and "all files match" in result.output
+
+
+def test_a_stage_stopped_midway_leaves_nothing_half_written(tmp_path):
+    path = tiny_recipe(tmp_path)
+    work = tmp_path / "tiny.pipeline"
+
+    def stop_in_the_engine_build(event):
+        if event.what == "progress" and event.text.startswith("engine for"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(load(path), on_event=stop_in_the_engine_build)
+    assert sorted(p.name for p in work.iterdir()) == [".lock"]  # no stage folder, no staging folder
+    dead = work / ".build.999999999.x1.partial"  # what SIGKILL leaves: a staging folder of a dead process
+    dead.mkdir()
+    (dead / "model.onnx").write_text("half")
+    assert events_of(path) == {"build": "done", "export-triton": "done"}
+    assert not dead.exists() and not list(work.glob(".*.partial"))
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, runner):
+    from edgeattn.cli.main import cli
+
+    path = tiny_recipe(tmp_path)
+    result = runner.invoke(cli, ["pipeline", str(path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "no earlier run" in result.output and "after build runs" in result.output
+    assert not (tmp_path / "tiny.pipeline").exists()
+    result = runner.invoke(cli, ["pipeline", str(path), "--from", "nope"])
+    assert result.exit_code == 2 and "--from nope: expected a stage of tiny.toml (build, export-triton)" in result.output
+
+
+# --- MiniLM: 2:4, W8A8 QAT, cpu + rtx bundles, from one command ---------------------------------------
+
+MINILM = """[pipeline]
+name = "minilm-24-w8a8"
+
+[[stage]]
+kind = "sparsify"
+model = "minilm"
+calib = "calib.txt"
+calib_batches = 1
+finetune_steps = 2
+batch = 4
+seq_len = 32
+qat = "w8a8"
+qat_steps = 2
+[stage.sparsity]
+method = "magnitude"
+
+[[stage]]
+kind = "build"
+targets = ["cpu", "rtx"]
+seq = {seq}
+optional = true
+"""
+
+WORDS = (["The engineer", "A small robot", "The camera", "Our team", "The river", "A student"],
+         ["measured", "watched", "carried", "described", "repaired", "followed"],
+         ["the morning light", "a long bridge", "the quiet harbour", "three red boxes", "the new engine"],
+         ["before noon.", "with great care.", "after the rain.", "near the station."])
+
+
+def minilm_recipe(folder: Path, seq=(1, 16, 64)) -> Path:
+    sentences = [f"{a} {b} {c} {d}" for a in WORDS[0] for b in WORDS[1][:2] for c in WORDS[2][:2] for d in WORDS[3][:2]]
+    (folder / "calib.txt").write_text("\n".join(sentences) + "\n")  # 48 sentences: QAT stays short
+    path = folder / "minilm.toml"
+    path.write_text(MINILM.format(seq=list(seq)))
+    return path
+
+
+def edgeattn(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgeattn.cli.main", *map(str, args)], capture_output=True,
+                          text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def killed_then_finished(tmp_path_factory):
+    """Start the MiniLM recipe, SIGKILL it during QAT, look at what it left, start it again."""
+    folder = tmp_path_factory.mktemp("minilm_pipeline")
+    path = minilm_recipe(folder)
+    work = folder / "minilm.pipeline"
+    proc = subprocess.Popen([sys.executable, "-m", "edgeattn.cli.main", "pipeline", str(path)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "QAT w8a8" in line:
+            time.sleep(2)
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    left = sorted(p.name for p in work.iterdir())
+    rerun = edgeattn("pipeline", path)
+    assert rerun.returncode == 0, rerun.stderr
+    return {"recipe": path, "work": work, "left": left, "rerun": rerun}
+
+
+@requires_torch
+@requires_minilm
+@pytest.mark.torch
+@pytest.mark.slow
+def test_killed_during_qat_the_restarted_run_gives_bundles_that_pass_parity(killed_then_finished):
+    work = killed_then_finished["work"]
+    left = killed_then_finished["left"]
+    assert "sparsify" not in left and any(n.startswith(".sparsify.") and n.endswith(".partial") for n in left), left
+    assert "sparsify: running (no earlier run)" in killed_then_finished["rerun"].stderr
+    assert not list(work.rglob("*.partial")) and not list(work.rglob("*.tmp"))
+    cpu = json.loads((work / "build-cpu" / "bundle" / "manifest.json").read_text())
+    assert cpu["sections"]["parity"]["status"] == "pass"
+    assert cpu["precision"]["compute_layers"].get("int8", 0) >= 36  # W8A8: every Linear of the 6 layers
+    sparsify = json.loads((work / "sparsify" / "stage.json").read_text())
+    assert sparsify["summary"]["masks_kept"] is True and sparsify["summary"]["pruned"] >= 36
+    check = edgeattn("check-sparsity", work / "sparsify" / "model.onnx", "--json")
+    assert check.returncode == 0, check.stderr
+    assert len([e for e in json.loads(check.stdout)["layers"] if e["sparse"]]) >= 36  # 2:4 behind DequantizeLinear
+    if has("tensorrt_rtx"):
+        rtx = json.loads((work / "build-rtx" / "bundle" / "manifest.json").read_text())
+        assert rtx["backend"] == "tensorrt_rtx" and (work / "build-rtx" / "bundle" / rtx["artifact"]).stat().st_size > 0
+    # the chain: the bundle was built from exactly the model the sparsify stage wrote
+    chain = cpu["sections"]["pipeline"]
+    assert [e["name"] for e in chain] == ["sparsify", "build-cpu"]
+    assert chain[0]["outputs"]["model.onnx"] == sha256_file(work / "sparsify" / "model.onnx")
+    assert chain[0]["options"]["qat"] == "w8a8" and chain[0]["seconds"] > 0
+
+
+@requires_torch
+@requires_minilm
+@pytest.mark.torch
+@pytest.mark.slow
+def test_unchanged_rerun_is_fast_and_a_build_option_reruns_only_that_build(killed_then_finished):
+    path, work = killed_then_finished["recipe"], killed_then_finished["work"]
+    records = {p.parent.name: p.read_text() for p in work.glob("*/stage.json")}
+    start = time.perf_counter()
+    again = edgeattn("pipeline", path)
+    seconds = time.perf_counter() - start
+    print(f"unchanged rerun: {seconds:.1f} s")
+    assert again.returncode == 0, again.stderr
+    assert seconds < 10
+    assert "sparsify: up to date" in again.stderr and "build-cpu: up to date" in again.stderr
+    assert {p.parent.name: p.read_text() for p in work.glob("*/stage.json")} == records
+
+    minilm_recipe(path.parent, seq=(1, 16, 128))  # both builds' seq changes; the sparsify stage's does not
+    changed = edgeattn("pipeline", path)
+    assert changed.returncode == 0, changed.stderr
+    assert "sparsify: up to date" in changed.stderr
+    assert "build-cpu: running (options changed: seq)" in changed.stderr
+    assert (work / "sparsify" / "stage.json").read_text() == records["sparsify"]
+    manifest = json.loads((work / "build-cpu" / "bundle" / "manifest.json").read_text())
+    assert manifest["shape_ranges"]["seq"] == [1, 16, 128] and manifest["sections"]["parity"]["status"] == "pass"
