@@ -134,3 +134,66 @@ def slow_server_main(bundle_path: str, port: int, seconds: float, shutdown_timeo
 
     model.backend.infer = slow
     serve_forever(app, "127.0.0.1", port, shutdown_timeout=shutdown_timeout)
+
+
+def post_json(url: str, path: str, doc, timeout: float = 60) -> tuple[int, dict, dict]:
+    import json
+
+    return http(url, "POST", path, json.dumps(doc).encode(), JSON, timeout)
+
+
+def sse(url: str, path: str, doc, timeout: float = 60) -> tuple[int, list, str]:
+    """A streamed request read to its end: (status, the `data:` payloads parsed (the literal "[DONE]" kept
+    as a string), the raw body)."""
+    import http.client
+    import json
+
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(doc).encode(), headers=JSON)
+        response = conn.getresponse()
+        raw = response.read().decode("utf-8")
+    finally:
+        conn.close()
+    events = []
+    for block in raw.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return response.status, events, raw
+
+
+def open_stream(url: str, path: str, doc, timeout: float = 60):
+    """Start a streamed request and return (connection, response) to read from line by line."""
+    import http.client
+    import json
+
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    conn.request("POST", path, body=json.dumps(doc).encode(), headers=JSON)
+    return conn, conn.getresponse()
+
+
+def next_event(response):
+    """The next `data:` payload of an open stream (None at the end)."""
+    import json
+
+    while True:
+        line = response.readline()
+        if not line:
+            return None
+        line = line.decode("utf-8").rstrip("\n")
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            return data if data == "[DONE]" else json.loads(data)
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float | None:
+    """A sample's value from Prometheus text (`name{labels} value`)."""
+    for line in text.splitlines():
+        if line.startswith(name + ("{" + labels if labels else "")) and not line.startswith("#"):
+            head, _, value = line.rpartition(" ")
+            if labels or head == name or head.startswith(name + "{"):
+                return float(value)
+    return None

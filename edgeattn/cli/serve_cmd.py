@@ -41,11 +41,19 @@ def _controller_factory(spec: str):
 @click.option("--admin-token", default=None, metavar="TOKEN",
               help="Require 'Authorization: Bearer TOKEN' on the admin routes (/v2/admin/*) "
                    "[default: EDGEATTN_SERVE_ADMIN_TOKEN, else none: see docs/serving.md before binding 0.0.0.0].")
+@click.option("--slots", type=int, help="Decoder bundles: requests generating at once, batched at every decode "
+              "step (one KV-cache row each) [default: 8].")
+@click.option("--prefill-chunk", type=int, help="Decoder bundles: prompt tokens per prefill step, interleaved "
+              "with the decode steps of the other requests [default: 64].")
 @click.option("--shutdown-timeout", type=float, help="Seconds queued requests get to finish after SIGTERM "
               "[default: 30].")
 def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec,
-          thermal_policy, thermal_sensor, max_window, admin_token, shutdown_timeout):
+          thermal_policy, thermal_sensor, max_window, admin_token, slots, prefill_chunk, shutdown_timeout):
     """Serve BUNDLES over KServe v2 / Triton HTTP (binary tensors, dynamic batching, /metrics).
+
+    Decoder bundles are served through the OpenAI-compatible routes (/v1/completions,
+    /v1/chat/completions, streamed as server-sent events) and Triton's generate extension, with continuous
+    batching over --slots slots.
 
     Settings not given as options are read from EDGEATTN_SERVE_<NAME> variables (e.g.
     EDGEATTN_SERVE_MAX_BATCH). Ctrl-C or SIGTERM stops taking requests (503), finishes the queued ones
@@ -60,7 +68,7 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     from edgeattn.runtime.live_window import LiveWindow
     from edgeattn.runtime.server.app import NO_WINDOW_LIMIT, create_app
     from edgeattn.runtime.server.runner import serve_forever
-    from edgeattn.runtime.server.served_model import longest_sequence
+    from edgeattn.runtime.server.decoder_runtime import window_bound
     from edgeattn.runtime.server.settings import ServeSettings
 
     if max_window is not None and max_window < 1:  # 0 used to fall back to the default without a word
@@ -71,9 +79,10 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     settings = ServeSettings.from_env(host=host, port=port, max_batch=max_batch,
                                       max_queue_delay_ms=max_queue_delay_ms, max_queue=max_queue,
                                       threads=threads, window=window, admin_token=admin_token,
-                                      shutdown_timeout_s=shutdown_timeout)
+                                      shutdown_timeout_s=shutdown_timeout, slots=slots,
+                                      prefill_chunk=prefill_chunk)
     opened = [open_bundle(b) for b in bundles]
-    longest = max(longest_sequence(b) for b in opened)
+    longest = max(window_bound(b) for b in opened)
     bound = max(longest, max_window or 0) or NO_WINDOW_LIMIT
     if settings.window > bound:
         raise click.BadParameter(f"expected 0..{bound} (0 = full attention, {bound} = the longest sequence the "
@@ -93,6 +102,6 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     models = ", ".join(f"{n} ({b.manifest.backend})" for n, b in
                        zip([name] if name else [b.manifest.name for b in opened], opened))
     click.echo(f"serving {models} on http://{settings.host}:{settings.port} (max batch {settings.max_batch}, "
-               f"queue delay {settings.max_queue_delay_ms:g} ms)", err=True)
+               f"queue delay {settings.max_queue_delay_ms:g} ms, {settings.slots} generation slots)", err=True)
     serve_forever(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout_s,
                   print_fn=lambda msg: click.echo(msg, err=True))

@@ -1,4 +1,5 @@
-"""The HTTP application: KServe v2 REST routes, Triton's config/stats extensions, admin window, /metrics.
+"""The HTTP application: KServe v2 REST routes, Triton's config/stats extensions, admin window, /metrics, and
+for decoder bundles the OpenAI-compatible and Triton generate routes (generate_routes.py).
 
 `create_app` builds it from bundles, settings, a LiveWindow and an optional thermal controller, so tests
 and embedders make their own. A controller is any object with `start()` and `stop()`; if it also has
@@ -21,16 +22,18 @@ from edgeattn import __version__
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, InputError
 from edgeattn.runtime.live_window import LiveWindow
+from edgeattn.runtime.server.decoder_runtime import DecoderRuntime, is_decoder, window_bound
+from edgeattn.runtime.server.generate_routes import BODY_READER, DECODERS, DEVICE, add_routes
 from edgeattn.runtime.server.kserve import HEADER_LENGTH, WINDOW_PARAMETER, ProtocolError, decode_json
 from edgeattn.runtime.server.metrics import ServerMetrics, sysfs_sensors
 from edgeattn.runtime.server.model_runtime import ModelRuntime
 from edgeattn.runtime.server.offload import JsonWorker
 from edgeattn.runtime.server.openapi import openapi_document
-from edgeattn.runtime.server.served_model import VERSION, longest_sequence
+from edgeattn.runtime.server.served_model import VERSION
 from edgeattn.runtime.server.settings import ServeSettings
 
 log = logging.getLogger("edgeattn.serve")
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "edgeattn_attention_window"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "edgeattn_attention_window", "generate"]
 
 MODELS = web.AppKey("models", dict)
 SETTINGS = web.AppKey("settings", ServeSettings)
@@ -82,6 +85,9 @@ async def errors_as_json(request: web.Request, handler):
 def _model(request: web.Request) -> ModelRuntime:
     name = request.match_info["model"]
     models = request.app[MODELS]
+    if name in request.app[DECODERS]:
+        raise ProtocolError(f"model {name!r} is a decoder: it answers /v2/models/{name}/generate[_stream] and "
+                            f"the OpenAI routes /v1/completions and /v1/chat/completions, not KServe inference")
     if name not in models:
         raise ProtocolError(f"unknown model {name!r}: this server has {sorted(models)}", 404)
     version = request.match_info.get("version")
@@ -95,8 +101,20 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    ok = all(m.ready for m in request.app[MODELS].values())
+    ok = all(m.ready for m in _all_models(request.app))
     return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+
+def _all_models(app: web.Application) -> list:
+    return list(app[MODELS].values()) + list(app[DECODERS].values())
+
+
+def _decoder_or_none(request: web.Request) -> DecoderRuntime | None:
+    decoder = request.app[DECODERS].get(request.match_info["model"])
+    if decoder is not None and request.match_info.get("version") not in (None, "", VERSION):
+        raise ProtocolError(f"model {decoder.name!r} has no version {request.match_info['version']!r}: "
+                            f"expected {VERSION}", 404)
+    return decoder
 
 
 async def server_metadata(request: web.Request) -> web.Response:
@@ -104,11 +122,13 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    return web.json_response(_model(request).served.metadata())
+    decoder = _decoder_or_none(request)
+    return web.json_response(decoder.metadata() if decoder else _model(request).served.metadata())
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    ok = _model(request).ready
+    decoder = _decoder_or_none(request)
+    ok = (decoder or _model(request)).ready
     return web.json_response({"ready": ok}, status=200 if ok else 503)
 
 
@@ -123,8 +143,8 @@ async def model_stats(request: web.Request) -> web.Response:
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    return web.json_response([{"name": n, "version": VERSION, "state": "READY" if m.ready else "UNAVAILABLE"}
-                              for n, m in request.app[MODELS].items()])
+    return web.json_response([{"name": m.name, "version": VERSION, "state": "READY" if m.ready else "UNAVAILABLE"}
+                              for m in _all_models(request.app)])
 
 
 def _device_parameters(app: web.Application) -> dict:
@@ -284,7 +304,8 @@ async def openapi(request: web.Request) -> web.Response:
     models = request.app[MODELS].values()
     return web.json_response(openapi_document(__version__, [m.name for m in models],
                                               sorted({s.name for m in models for s in m.served.inputs}),
-                                              sorted({s.name for m in models for s in m.served.outputs})))
+                                              sorted({s.name for m in models for s in m.served.outputs}),
+                                              decoders=sorted(request.app[DECODERS])))
 
 
 def _routes(app: web.Application) -> None:
@@ -306,6 +327,7 @@ def _routes(app: web.Application) -> None:
     post("/v2/admin/window/unlock", window_unlock)
     get("/metrics", metrics_page)
     get("/openapi.json", openapi)
+    add_routes(app)
 
 
 def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(), *,
@@ -317,7 +339,9 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     task; runner.serve_forever ends the process when it fails): health/live answers at once,
     health/ready and each model's ready only after warm-up. On shutdown (`drain`), queued requests
     finish within the shutdown timeout (503 for the rest) before the backends are released and the
-    controller is stopped. The window is bounded by the longest sequence the bundles accept.
+    controller is stopped. The window is bounded by the longest sequence the bundles accept (a decoder's
+    ring). Decoder bundles (manifest section `decoder`) are served by the generation routes, with
+    continuous batching over `settings.slots` slots; the others by KServe v2 inference.
     """
     names = names or [b.manifest.name for b in bundles]
     if len(names) != len(bundles):
@@ -326,12 +350,16 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
         raise ConfigError(f"model names must be unique, found {names}: give each bundle its own name")
     window = window or LiveWindow(settings.window)
     if window.max_window is None:
-        window.bound(max((longest_sequence(b) for b in bundles), default=0) or NO_WINDOW_LIMIT)
+        window.bound(max((window_bound(b) for b in bundles), default=0) or NO_WINDOW_LIMIT)
     metrics = metrics or ServerMetrics()
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
     app[SETTINGS], app[WINDOW], app[METRICS], app[CONTROLLER] = settings, window, metrics, controller
     app[JSON_WORKER], app[STARTUP] = JsonWorker(), Startup()
-    app[MODELS] = {n: ModelRuntime(b, n, settings, window, metrics) for n, b in zip(names, bundles)}
+    app[MODELS] = {n: ModelRuntime(b, n, settings, window, metrics)
+                   for n, b in zip(names, bundles) if not is_decoder(b)}
+    app[DECODERS] = {n: DecoderRuntime(b, n, settings, window, metrics)
+                     for n, b in zip(names, bundles) if is_decoder(b)}
+    app[DEVICE], app[BODY_READER] = (lambda: _device_parameters(app)), _read_body
     _routes(app)
     metrics.window.set(window.get())
     window.subscribe(lambda change: metrics.window.set(change.new))
@@ -347,18 +375,18 @@ async def drain(app: web.Application, timeout: float | None = None) -> None:
     """Stop taking requests (503), finish the queued ones within `timeout` s (default: the settings'
     shutdown timeout; 503 for the rest), release the models."""
     timeout = app[SETTINGS].shutdown_timeout_s if timeout is None else timeout
-    await asyncio.gather(*(m.stop(timeout) for m in app[MODELS].values()), return_exceptions=True)
+    await asyncio.gather(*(m.stop(timeout) for m in _all_models(app)), return_exceptions=True)
 
 
 def abandon(app: web.Application) -> None:
     """Answer every queued request 503 now (a second stop signal); running batches still finish."""
-    for m in app[MODELS].values():
+    for m in _all_models(app):
         m.abandon()
 
 
 def _lifespan(controller):
     async def lifespan(app: web.Application):
-        models = list(app[MODELS].values())
+        models = _all_models(app)
         warmup = asyncio.ensure_future(asyncio.gather(*(m.start() for m in models)))
         warmup.add_done_callback(_log_failure)
         app[STARTUP].task = warmup

@@ -42,12 +42,43 @@ class ServerMetrics:
         self.queue_depth = Gauge("edgeattn_queue_depth", "Requests waiting", ["model"], registry=r)
         self.window = Gauge("edgeattn_attention_window", "Active attention window (0 = full)", registry=r)
         self.window_locked = Gauge("edgeattn_attention_window_locked", "1 while the window is locked", registry=r)
+        self.generation = GenerationMetrics(r)
         self.sources: list[Callable[[], Snapshot]] = []
         r.register(_DeviceCollector(self.sources))
 
     def add_source(self, source: Callable[[], Snapshot]) -> None:
         """Add a device reading source (e.g. `controller.metrics_snapshot`), read at each scrape."""
         self.sources.append(source)
+
+
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class GenerationMetrics:
+    """Decoder bundles, named as vLLM / llama.cpp / Triton's TensorRT-LLM backend name them (docs/serving.md)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.ttft = Histogram("edgeattn_time_to_first_token_seconds", "Arrival to the first generated token",
+                              ["model"], buckets=TOKEN_BUCKETS + (10.0, 30.0), registry=r)
+        self.itl = Histogram("edgeattn_inter_token_latency_seconds", "Time between two tokens of one request",
+                             ["model"], buckets=TOKEN_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("edgeattn_prompt_tokens", "Prompt tokens received", ["model"], registry=r)
+        self.generation_tokens = Counter("edgeattn_generation_tokens", "Tokens generated", ["model"], registry=r)
+        self.finished = Counter("edgeattn_request_success", "Generation requests ended, by finish reason",
+                                ["model", "finished_reason"], registry=r)
+        self.running = Gauge("edgeattn_requests_running", "Slots busy (prefilling or decoding)", ["model"],
+                             registry=r)
+        self.waiting = Gauge("edgeattn_requests_waiting", "Generation requests queued for a slot", ["model"],
+                             registry=r)
+        self.slots = Gauge("edgeattn_slots", "Slots (requests that can generate at once)", ["model"], registry=r)
+        self.kv_tokens = Gauge("edgeattn_kv_cache_tokens", "Tokens whose keys and values the cache holds",
+                               ["model"], registry=r)
+        self.evicted = Counter("edgeattn_kv_cache_evicted_tokens", "Tokens dropped from the cache (ring "
+                               "overwrites and the middle of prompts longer than the cache)", ["model"], registry=r)
+        self.step_seconds = Histogram("edgeattn_decode_step_seconds", "One batched decode step", ["model"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.step_rows = Histogram("edgeattn_decode_step_rows", "Slots in one decode step", ["model"],
+                                   buckets=BATCH_BUCKETS, registry=r)
 
 
 class _DeviceCollector:

@@ -24,11 +24,13 @@ class ServeSettings:
     warmup_runs: int = 2  # inferences per model before it reports ready
     body_timeout_s: float = 30.0  # a request body not received within this gets 408
     admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
+    slots: int = 8  # decoder bundles: requests generating at once (one KV-cache row each), batched every step
+    prefill_chunk: int = 64  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: expected 0..65535, found {self.port}")
-        for name in ("max_batch", "max_queue", "max_body_bytes"):
+        for name in ("max_batch", "max_queue", "max_body_bytes", "slots", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, found {getattr(self, name)}")
         if self.body_timeout_s <= 0:

@@ -1,0 +1,167 @@
+"""A decoder bundle at run time in the service: the model, its slot scheduler, admission and per-request streams.
+
+`submit` turns a validated request (prompt token ids, limits, sampling) into a scheduler job and returns a
+`Stream`: an asyncio queue of the job's events. Every event is delivered on the event loop, in one call per
+scheduler iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from edgeattn.bundle.folder import Bundle
+from edgeattn.errors import EdgeAttnError, RuntimeBackendError
+from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+from edgeattn.runtime.generation.generator import fit_prompt
+from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
+from edgeattn.runtime.live_window import LiveWindow
+from edgeattn.runtime.server.metrics import ServerMetrics
+from edgeattn.runtime.server.scheduler import Event, Job, SlotScheduler
+from edgeattn.runtime.server.served_model import longest_sequence
+from edgeattn.runtime.server.settings import ServeSettings
+
+DEFAULT_MAX_TOKENS_LIMIT = 4096  # when the model does not say how many positions it was trained for
+
+
+def is_decoder(bundle: Bundle) -> bool:
+    return bool(bundle.manifest.sections.get("decoder"))
+
+
+def window_bound(bundle: Bundle) -> int:
+    """The largest useful window: a decoder's ring, else the longest sequence the bundle accepts."""
+    if is_decoder(bundle):
+        return int(bundle.manifest.sections["decoder"]["window_max"])
+    return longest_sequence(bundle)
+
+
+@dataclass
+class Stream:
+    job: Job
+    events: asyncio.Queue
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+
+class DecoderRuntime:
+    """Lifecycle as ModelRuntime's: `start` activates and warms up, then it is ready; `stop` drains it."""
+
+    kind = "decoder"
+
+    def __init__(self, bundle: Bundle, name: str, settings: ServeSettings, window: LiveWindow,
+                 metrics: ServerMetrics) -> None:
+        self.name, self.bundle, self.settings = name, bundle, settings
+        self.model = DecoderModel(bundle, threads=settings.threads)
+        self.live_window, self.metrics = window, metrics
+        self.ready = False
+        self.created = int(time.time())
+        positions = int(self.model.info.get("max_positions") or 0)
+        self.max_tokens_limit = positions or DEFAULT_MAX_TOKENS_LIMIT
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[Job, asyncio.Queue] = {}
+        self.scheduler = SlotScheduler(self.model, slots=settings.slots, max_queue=settings.max_queue,
+                                       prefill_chunk=settings.prefill_chunk, window=window.get,
+                                       deliver=self._deliver, metrics=metrics.generation, model_name=name)
+        metrics.generation.slots.labels(name).set(settings.slots)
+
+    @property
+    def codec(self):
+        return self.model.codec
+
+    @property
+    def layout(self):
+        return self.model.layout
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._loop.run_in_executor(None, self._activate)
+        except EdgeAttnError as exc:
+            raise RuntimeBackendError(f"model {self.name!r} failed to start: {exc}") from None
+        except Exception as exc:
+            raise RuntimeBackendError(f"model {self.name!r} failed to start: {type(exc).__name__}: {exc}") from None
+        self.scheduler.start()
+        self.ready = True
+
+    def _activate(self) -> None:
+        import numpy as np
+
+        self.model.activate()
+        cache = self.scheduler.cache
+        for rows in sorted({1, self.settings.slots})[: 1 + (self.settings.warmup_runs > 0)]:
+            self.model.step(cache, list(range(rows)), np.zeros((rows, 1), dtype=np.int64), 0)
+        for slot in range(cache.streams):
+            cache.reset(slot)
+
+    def submit(self, prompt_ids: list[int], *, max_tokens: int, sampling: SamplingConfig,
+               stops: tuple[str, ...]) -> Stream:
+        """Queue a request (QueueFull when the queue is full). The prompt is cut to head + tail if it does
+        not fit the cache with room for the answer (`job.evicted` says how many tokens were left out)."""
+        layout = self.model.layout
+        kept, evicted = fit_prompt(prompt_ids, layout.capacity, layout.sinks, 0,
+                                   reserve=min(max_tokens, layout.window_max // 2))
+        job = Job(kept, len(prompt_ids), evicted, max_tokens, Sampler(sampling), stops)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[job] = queue
+        try:
+            self.scheduler.submit(job)
+        except Exception:
+            del self._streams[job]
+            raise
+        g = self.metrics.generation
+        g.prompt_tokens.labels(self.name).inc(len(prompt_ids))
+        if evicted:
+            g.evicted.labels(self.name).inc(evicted)
+        g.waiting.labels(self.name).set(self.scheduler.depth)
+        return Stream(job, queue)
+
+    def _deliver(self, events: list[tuple[Job, Event]]) -> None:
+        """Worker thread: hand the iteration's events to the loop in one call."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._route, events)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    def _route(self, events: list[tuple[Job, Event]]) -> None:
+        for job, event in events:
+            queue = self._streams.get(job)
+            if queue is None:
+                continue
+            queue.put_nowait(event)
+            if event.finish_reason is not None:
+                del self._streams[job]
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop admitting; the streams in flight finish within `timeout` s, then end with finish reason
+        `abort` (a last chunk says so); release the model."""
+        self.ready = False
+        timeout = self.settings.shutdown_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while not self.scheduler.idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.scheduler.end_all()
+        while not self.scheduler.idle() and time.monotonic() < deadline + 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # let the last events reach their streams
+        self.scheduler.close()
+        self.model.deactivate()
+
+    def abandon(self) -> None:
+        self.ready = False
+        self.scheduler.end_all()
+
+    def metadata(self) -> dict:
+        layout = self.model.layout
+        return {"name": self.name, "versions": ["1"], "platform": "edgeattn_decoder",
+                "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}],
+                "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}],
+                "parameters": {"slots": self.settings.slots, "sinks": layout.sinks, "window_max": layout.window_max,
+                               "max_tokens_limit": self.max_tokens_limit}}
+
+    def statistics(self) -> dict:
+        return {"name": self.name, "version": "1", "slots": self.settings.slots, "busy": self.scheduler.busy,
+                "waiting": self.scheduler.depth, "slot_moves": self.scheduler.moves}
