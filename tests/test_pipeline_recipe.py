@@ -1,6 +1,7 @@
 """Recipes are checked before any stage runs: unknown stages and options, wrong types, missing inputs,
 targets and precisions, each error naming the file, the stage and the key. No torch needed."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,10 +37,10 @@ def model_dir(tmp_path) -> Path:
 def test_packaged_recipes_load_and_plan_without_torch(name, tmp_path):
     code = (f"import sys; from edgeattn import recipes; from edgeattn.pipeline import load, plan; "
             f"r = load(recipes.find({name!r}), work_dir={str(tmp_path / 'w')!r}); "
-            f"print([(s.stage.name, s.action) for s in plan(r)]); print('torch' in sys.modules)")
+            f"import json; print(json.dumps({{s.stage.name: s.action for s in plan(r)}})); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[-1] == "False"  # validation and planning import no torch
-    steps = dict(eval(out[0]))
+    steps = json.loads(out[0])
     if name.startswith("minilm"):
         assert steps["sparsify"] == "run" and steps["build-cpu"] == "run" and steps["build-rtx"] == "run"
         assert steps["build-orin-agx"] in ("run", "skip")
@@ -157,3 +158,39 @@ def test_a_bad_recipe_runs_nothing_and_exits_2(tmp_path, runner):
     assert not (tmp_path / "r.pipeline").exists()
     result = runner.invoke(cli, ["pipeline", "no-such-recipe"])
     assert result.exit_code == 2 and "minilm-2to4-w8a8" in result.output
+
+
+def test_options_are_read_generically_from_any_config_dataclass(tmp_path):
+    """A field another stage adds to its config is an option with no change to the pipeline."""
+    from dataclasses import dataclass
+
+    from edgeattn.pipeline.tables import from_table
+
+    @dataclass(frozen=True)
+    class Inner:
+        level: int = 1
+
+    @dataclass(frozen=True)
+    class Job:
+        rate: float = 0.5
+        floor: float | None = None
+        table: Path | None = None
+        sizes: tuple[int, ...] = ()
+        pair: tuple[int, int] = (0, 0)
+        named: tuple[tuple[str, tuple[int, int]], ...] = ()
+        inner: Inner = Inner()
+        out: Path = Path("x")
+
+    job = from_table(Job, {"rate": 1, "floor": 2, "table": "t.json", "sizes": [1, 2], "pair": [3, 4],
+                           "named": {"a": [1, 2]}, "inner": {"level": 3}}, "r.toml: stage 's'", tmp_path,
+                     fixed={"out": Path("o")})
+    assert job == Job(rate=1.0, floor=2.0, table=tmp_path / "t.json", sizes=(1, 2), pair=(3, 4),
+                      named=(("a", (1, 2)),), inner=Inner(3), out=Path("o"))
+    assert isinstance(job.rate, float)
+    for table, words in [({"out": "p"}, "unknown option 'out'"), ({"pair": [1]}, "pair: expected an array of 2"),
+                         ({"inner": {"levle": 1}}, "inner: unknown option 'levle': expected one of level"),
+                         ({"rate": True}, "rate: expected a number"), ({"sizes": ["a"]}, "sizes[0]: expected an integer"),
+                         ({"floor": "high"}, "floor: expected a number")]:
+        with pytest.raises(ConfigError, match=None) as info:
+            from_table(Job, table, "r.toml: stage 's'", tmp_path, fixed={"out": Path("o")})
+        assert str(info.value).startswith("r.toml: stage 's'") and words in str(info.value), str(info.value)
