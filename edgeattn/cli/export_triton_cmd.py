@@ -19,14 +19,23 @@ import click
 @click.option("--instances", default=1, show_default=True, help="Model instances.")
 @click.option("--plugin-library", type=click.Path(path_type=Path),
               help="TensorRT plugin .so the server loads (tensorrt bundles).")
+@click.option("--cpu-backend", type=click.Choice(["onnxruntime", "python"]), default="onnxruntime", show_default=True,
+              help="cpu bundles: Triton's onnxruntime backend, or the Python backend running the bundle through "
+                   "edgeattn (for servers without an onnxruntime backend, such as the nvidia-pytriton wheel's).")
+@click.option("--python-path", type=click.Path(path_type=Path), multiple=True,
+              help="Python-backend models: a folder the server's Python adds in front of sys.path, first given "
+                   "first (a folder with numpy<2, then the site-packages holding edgeattn). Repeatable.")
 def export_triton(bundle, repo, name, version, max_batch, no_dynamic_batching, queue_delay_us, preferred_batch,
-                  instances, plugin_library):
-    """Write a Triton Inference Server model repository for BUNDLE (config.pbtxt, the engine, launch.sh)."""
+                  instances, plugin_library, cpu_backend, python_path):
+    """Write a Triton Inference Server model repository for BUNDLE (config.pbtxt, the engine, launch.sh).
+
+    Decoder bundles become a decoupled Python-backend model that streams text (Triton's generate_stream)."""
     from edgeattn.tritonserver.repository import TritonConfig, export_triton as run
 
     cfg = TritonConfig(model_name=name, version=version, max_batch_size=max_batch,
                        dynamic_batching=not no_dynamic_batching, max_queue_delay_us=queue_delay_us,
                        preferred_batch_sizes=tuple(preferred_batch), instances=instances,
-                       plugin_library=plugin_library)
+                       plugin_library=plugin_library, cpu_backend=cpu_backend,
+                       python_path=tuple(str(p) for p in python_path))
     folder = run(bundle, repo, cfg)
     click.echo(f"model {folder} (serve with {Path(repo) / 'launch.sh'})")

@@ -1,12 +1,18 @@
-"""Triton Python-backend model for bundles that Triton's own backends cannot load (TensorRT for RTX engines,
-whose attention plugin is Python). `edgeattn export-triton` copies this file as `<version>/model.py` with
-the bundle in `<version>/bundle/`. It runs inside Triton only (`triton_python_backend_utils`).
+"""Triton Python-backend model for bundles that Triton's own backends cannot load: TensorRT for RTX engines
+(whose attention plugin is Python), and cpu (ONNX Runtime) bundles for servers without an onnxruntime backend
+(`--cpu-backend python`). `edgeattn export-triton` copies this file as `<version>/model.py` with the bundle in
+`<version>/bundle/` and `edgeattn_environment.py` beside it. It runs inside Triton only
+(`triton_python_backend_utils`).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import edgeattn_environment  # noqa: I001  (first: puts the model's environment on sys.path)
+
+edgeattn_environment.use(__file__)
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 
 class TritonPythonModel:

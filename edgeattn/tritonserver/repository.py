@@ -8,13 +8,20 @@ What serves each kind of bundle:
   engines, and the rtx attention plugin is Python; so the model uses Triton's Python backend, whose
   `model.py` runs the bundle through `edgeattn.runtime` (the bundle is copied beside it).
 - onnxruntime (cpu): platform `onnxruntime_onnx` with the optimized model (the attention op's ONNX
-  function body runs in ONNX Runtime).
+  function body runs in ONNX Runtime); or, with `cpu_backend="python"` (`--cpu-backend python`), the Python
+  backend running the bundle through `edgeattn.runtime.backends`, for servers without an onnxruntime backend
+  (the `tritonserver` that the nvidia-pytriton wheel ships has none).
+- decoder bundles (any target): a decoupled Python-backend model that streams text through
+  `edgeattn.runtime.generation` (`decoder_config.py`, `python_decoder_model.py`).
+Python-backend models get `edgeattn_environment.py` beside `model.py` and, with `python_path`, the folders
+that the server's Python must add to sys.path (`python_environment.py` says why and in which order).
 Dynamic batching is on when every input and output leads with the batch dimension; a scalar input
 (the attention window) rules batching out, and the config says so in a comment.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +30,14 @@ from edgeattn import atomic
 from edgeattn.bundle.folder import Bundle, open_bundle
 from edgeattn.errors import BundleError, ConfigError, InputError
 from edgeattn.bundle.manifest import check_model_name
+from edgeattn.tritonserver.decoder_config import render_decoder_config
+from edgeattn.tritonserver.python_environment import PARAMETER as PYTHON_PATH_PARAMETER
 
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
                 "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int8": "TYPE_INT8", "uint8": "TYPE_UINT8",
                 "bool": "TYPE_BOOL"}
 
+CPU_BACKENDS = ("onnxruntime", "python")
 CONFIG_MARK = "# edgeattn export-triton:"
 LAUNCH_MARK = "(written by edgeattn export-triton)"
 
@@ -44,8 +54,16 @@ class TritonConfig:
     preferred_batch_sizes: tuple[int, ...] = ()
     instances: int = 1
     plugin_library: Path | None = None  # a TensorRT plugin .so for tensorrt bundles
+    cpu_backend: str = "onnxruntime"  # cpu bundles: Triton's "onnxruntime" backend or the "python" backend
+    python_path: tuple[str, ...] = ()  # Python-backend models: folders put in front of the server's sys.path
 
     def __post_init__(self) -> None:
+        if self.cpu_backend not in CPU_BACKENDS:
+            raise ConfigError(f"cpu_backend: expected one of {', '.join(CPU_BACKENDS)}, found {self.cpu_backend!r}")
+        for folder in self.python_path:
+            if not str(folder) or any(c in str(folder) for c in ('"', "\n", os.pathsep)):
+                raise ConfigError(f"python_path: expected folder names without quotes, newlines or "
+                                  f"{os.pathsep!r}, found {str(folder)!r}")
         if self.version < 1:
             raise ConfigError(f"version: expected >= 1, found {self.version}")
         if self.max_batch_size is not None and self.max_batch_size < 0:
@@ -86,18 +104,38 @@ def _tensor(spec, batched: bool) -> list[str]:
     return lines
 
 
+def model_kind(bundle: Bundle, cfg: TritonConfig) -> str:
+    """What serves the bundle: "tensorrt_plan", "onnxruntime_onnx", "python" or "python_decoder"."""
+    m = bundle.manifest
+    if m.sections.get("decoder"):
+        return "python_decoder"
+    if m.backend == "tensorrt":
+        return "tensorrt_plan"
+    if m.backend == "onnxruntime" and cfg.cpu_backend == "onnxruntime":
+        return "onnxruntime_onnx"
+    return "python"
+
+
+def _python_path_lines(cfg: TritonConfig) -> list[str]:
+    if not cfg.python_path:
+        return []
+    value = os.pathsep.join(str(Path(p).absolute()) for p in cfg.python_path)
+    return ["parameters {", f'  key: "{PYTHON_PATH_PARAMETER}"', f'  value: {{ string_value: "{value}" }}', "}"]
+
+
 def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
     """config.pbtxt text (protobuf text format of inference.ModelConfig)."""
     m = bundle.manifest
+    kind = model_kind(bundle, cfg)
+    instance_kind = "KIND_CPU" if m.backend == "onnxruntime" else "KIND_GPU"
+    header = f"{CONFIG_MARK} {m.name} for target {m.target['name']} ({m.backend})"
+    if kind == "python_decoder":
+        lines = [header, *render_decoder_config(m, name, cfg.instances, instance_kind)]
+        lines += [f'version_policy: {{ specific: {{ versions: [ {cfg.version} ] }} }}', *_python_path_lines(cfg)]
+        return "\n".join(lines) + "\n"
     max_batch, why = _batching(bundle, cfg)
-    lines = [f"{CONFIG_MARK} {m.name} for target {m.target['name']} ({m.backend})",
-             f"# batching: {why}", f'name: "{name}"']
-    if m.backend == "tensorrt":
-        lines.append('platform: "tensorrt_plan"')
-    elif m.backend == "onnxruntime":
-        lines.append('platform: "onnxruntime_onnx"')
-    else:
-        lines.append('backend: "python"')
+    lines = [header, f"# batching: {why}", f'name: "{name}"']
+    lines.append(f'platform: "{kind}"' if kind != "python" else 'backend: "python"')
     lines.append(f"max_batch_size: {max_batch}")
     for key, specs in (("input", m.inputs), ("output", m.outputs)):
         for spec in specs:
@@ -108,8 +146,7 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
         if preferred:
             lines.append(f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]")
         lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
-    kind = "KIND_CPU" if m.backend == "onnxruntime" else "KIND_GPU"
-    lines += ["instance_group {", f"  count: {cfg.instances}", f"  kind: {kind}"]
+    lines += ["instance_group {", f"  count: {cfg.instances}", f"  kind: {instance_kind}"]
     profiles = len(m.sections.get("engine", {}).get("profiles", []))
     if m.backend == "tensorrt" and profiles > 1:  # let every instance use all of the engine's profiles
         names = ", ".join(f'"{i}"' for i in range(profiles))
@@ -119,6 +156,7 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
     if cfg.plugin_library is not None:
         lines += ["parameters {", '  key: "edgeattn_plugin_library"',
                   f'  value: {{ string_value: "plugins/{Path(cfg.plugin_library).name}" }}', "}"]
+    lines += _python_path_lines(cfg)
     return "\n".join(lines) + "\n"
 
 
@@ -135,17 +173,31 @@ def _is_exported_model(folder: Path) -> bool:
     return folder.is_dir() and not folder.is_symlink() and _ours(folder / "config.pbtxt", CONFIG_MARK, 1)
 
 
-def _launch_script(name: str, cfg: TritonConfig, backend: str) -> str:
-    lines = ["#!/usr/bin/env bash", f"# Serve {name} {LAUNCH_MARK}.", 'cd "$(dirname "$0")"']
+def _launch_script(name: str, cfg: TritonConfig, backend: str, kind: str) -> str:
+    lines = ["#!/usr/bin/env bash", f"# Serve {name} {LAUNCH_MARK}.",
+             "# TRITONSERVER: the server binary (default: tritonserver on PATH); extra arguments are passed on",
+             'cd "$(dirname "$0")"']
+    server = '"${TRITONSERVER:-tritonserver}" --model-repository="$PWD"'
     if cfg.plugin_library is not None:
         lib = f"$PWD/{name}/plugins/{Path(cfg.plugin_library).name}"
         lines.append("# the TensorRT backend loads the attention plugin library before deserializing the engine")
-        lines.append(f'exec tritonserver --model-repository="$PWD" --backend-config=tensorrt,plugins="{lib}" "$@"')
+        lines.append(f'exec {server} --backend-config=tensorrt,plugins="{lib}" "$@"')
     else:
         if backend == "tensorrt_rtx":
             lines.append("# Python backend: the server's Python needs edgeattn[rtx] and torch (the attention plugin)")
-        lines.append('exec tritonserver --model-repository="$PWD" "$@"')
+        if kind.startswith("python"):
+            lines.append("# Python backend: the server's Python needs edgeattn and numpy < 2 "
+                         "(export with --python-path; docs/serving.md)")
+        lines.append(f'exec {server} "$@"')
     return "\n".join(lines) + "\n"
+
+
+def _write_python_model(bundle: Bundle, version_dir: Path, decoder: bool) -> None:
+    """The bundle, model.py and the sys.path bootstrap it imports first."""
+    here = Path(__file__).parent
+    shutil.copytree(bundle.path, version_dir / "bundle")
+    shutil.copy2(here / ("python_decoder_model.py" if decoder else "python_model.py"), version_dir / "model.py")
+    shutil.copy2(here / "python_environment.py", version_dir / "edgeattn_environment.py")
 
 
 def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig = TritonConfig()) -> Path:
@@ -158,6 +210,10 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
                              f"backend), found a {m.backend} bundle")
         if not Path(cfg.plugin_library).is_file():
             raise InputError(f"plugin library not found: {cfg.plugin_library}")
+    kind = model_kind(bundle, cfg)
+    if cfg.python_path and not kind.startswith("python"):
+        raise InputError(f"--python-path is for Python-backend models (rtx, decoder, or cpu with --cpu-backend "
+                         f"python), found a {m.backend} bundle served by {kind}")
     name = check_model_name(cfg.model_name or m.name, "model name")  # never a path: it is a folder in REPO
     repo = Path(repo)
     launch = repo / "launch.sh"
@@ -169,16 +225,15 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
         (staging / "config.pbtxt").write_text(render_config(bundle, cfg, name), encoding="utf-8")
         version_dir = staging / str(cfg.version)
         version_dir.mkdir()
-        if m.backend == "tensorrt":
+        if kind == "tensorrt_plan":
             shutil.copy2(bundle.artifact, version_dir / "model.plan")
-        elif m.backend == "onnxruntime":
+        elif kind == "onnxruntime_onnx":
             shutil.copy2(bundle.artifact, version_dir / "model.onnx")
         else:
-            shutil.copytree(bundle.path, version_dir / "bundle")
-            shutil.copy2(Path(__file__).with_name("python_model.py"), version_dir / "model.py")
+            _write_python_model(bundle, version_dir, decoder=kind == "python_decoder")
         if cfg.plugin_library is not None:
             (staging / "plugins").mkdir()
             shutil.copy2(cfg.plugin_library, staging / "plugins" / Path(cfg.plugin_library).name)
-    atomic.write_text(launch, _launch_script(name, cfg, m.backend))
+    atomic.write_text(launch, _launch_script(name, cfg, m.backend, kind))
     launch.chmod(0o755)
     return repo / name

@@ -1,0 +1,106 @@
+"""Triton Python-backend model for decoder bundles: decoupled, so a request gets its text as it is generated
+(Triton's generate extension: POST /v2/models/{name}/generate_stream answers with server-sent events).
+
+`edgeattn export-triton` copies this file as `<version>/model.py` with the bundle in `<version>/bundle/` and
+`edgeattn_environment.py` beside it. Inputs: `text_input` (the prompt) and the optional `max_tokens`,
+`temperature`, `top_p`, `top_k`, `seed`, `window` (0: the whole ring) and `stop`; each response carries
+`text_output` (the new text), `token_ids` (the tokens generated since the previous response), `window` (the
+attention window it ran with) and `finish_reason` ("" until the last response: "stop" or "length").
+It runs `edgeattn.runtime.generation.generator.Generator`; an instance serves one request at a time
+(more instances: `--instances`). It runs inside Triton only (`triton_python_backend_utils`).
+"""
+
+from __future__ import annotations
+
+import edgeattn_environment  # noqa: I001  (first: puts the model's environment on sys.path)
+
+edgeattn_environment.use(__file__)
+
+from pathlib import Path  # noqa: E402
+
+OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int, "window": int}
+
+
+def _scalar(request, name, kind):
+    import triton_python_backend_utils as pb_utils
+
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise ValueError(f"{name}: expected one value, found {values.size}")
+    return kind(values[0])
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def generation_config(request):
+    """GenerationConfig from the request's optional inputs (the defaults where one is absent)."""
+    import triton_python_backend_utils as pb_utils
+
+    from edgeattn.runtime.generation.generator import GenerationConfig
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    given = {name: v for name, kind in OPTIONS.items() if (v := _scalar(request, name, kind)) is not None}
+    stop = pb_utils.get_input_tensor_by_name(request, "stop")
+    stops = tuple(_text(s) for s in stop.as_numpy().reshape(-1)) if stop is not None else ()
+    sampling = SamplingConfig(**{k: given[k] for k in ("temperature", "top_p", "top_k", "seed") if k in given})
+    return GenerationConfig(sampling=sampling, stop=stops,
+                            **{k: given[k] for k in ("max_tokens", "window") if k in given})
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from edgeattn.runtime.generation.generator import Generator
+
+        folder = Path(args["model_repository"]) / args["model_version"] / "bundle"
+        self.generator = Generator.open(folder)
+        self.generator.model.activate()
+
+    def _response(self, text, tokens, window, finish_reason=""):
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+            pb_utils.Tensor("token_ids", np.array(tokens, dtype=np.int64)),
+            pb_utils.Tensor("window", np.array([window], dtype=np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([finish_reason.encode("utf-8")], dtype=np.object_))])
+
+    def _generate(self, request, sender):
+        """Stream one request: a response per text chunk, the last one (flagged final) with the finish reason."""
+        import triton_python_backend_utils as pb_utils
+
+        from edgeattn.runtime.generation.generator import GenerationResult
+
+        text_input = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)
+        if text_input.size != 1:
+            raise ValueError(f"text_input: expected one prompt, found {text_input.size}")
+        config = generation_config(request)
+        result = GenerationResult("", [], "length", 0, 0, [])
+        held, sent = None, 0  # one chunk is held back, so that the last one can carry the final flag
+        for chunk in self.generator.stream(_text(text_input[0]), config, result=result):
+            if held is not None:
+                sender.send(self._response(*held))
+            held, sent = (chunk.text, result.tokens[sent:], chunk.window), len(result.tokens)
+        text, tokens, window = held or ("", [], result.windows[-1] if result.windows else config.window)
+        sender.send(self._response(text, tokens + result.tokens[sent:], window, result.finish_reason),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        for request in requests:  # an error belongs to its own request and ends only its stream
+            sender = request.get_response_sender()
+            try:
+                self._generate(request, sender)
+            except Exception as exc:
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def finalize(self):
+        self.generator.model.deactivate()

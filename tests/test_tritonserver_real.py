@@ -1,0 +1,129 @@
+"""Exported repositories served by a real Triton Inference Server (the nvidia-pytriton wheel's `tritonserver`).
+
+An encoder repository (cpu bundle, Python backend) answers tritonclient.http with the outputs of the runtime
+backend that `edgeattn serve` runs; a decoder repository streams, through /generate_stream, the tokens that
+`Generator.generate` gives for the same prompt. The server's Python gets numpy < 2 from
+`<venv>/tritonserver-site` (scripts/setup.sh puts it there) and edgeattn from this virtualenv.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from edgeattn.bundle.build import BuildConfig, build
+from edgeattn.bundle.folder import open_bundle
+from edgeattn.runtime.backends import open_backend
+from edgeattn.tritonserver.repository import TritonConfig, export_triton
+from edgeattn.tritonserver.wheel_server import ServerPorts, WheelServer
+
+SERVER = WheelServer.find()
+STUB_SITE = Path(sys.prefix) / "tritonserver-site"  # numpy < 2 for the server's Python (scripts/setup.sh)
+READY_S = 90
+
+pytestmark = [
+    pytest.mark.skipif(SERVER is None, reason="needs the nvidia-pytriton wheel (tritonserver; scripts/setup.sh "
+                                              "installs it on Linux x86_64)"),
+    pytest.mark.skipif(not (STUB_SITE / "numpy").is_dir(), reason=f"needs numpy<2 in {STUB_SITE} for the server's "
+                                                                   "Python (scripts/setup.sh puts it there)"),
+]
+
+
+def _python_path() -> tuple[str, ...]:
+    return (str(STUB_SITE), sysconfig.get_paths()["purelib"])
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """serve(repo) -> a ready server on free loopback ports; stopped at teardown."""
+    started = []
+
+    def start(repo: Path):
+        backends = SERVER.backends(tmp_path / "backends")
+        server = SERVER.start(repo, backends, ServerPorts.free(), log=tmp_path / "tritonserver.log")
+        started.append(server)
+        server.wait_ready(READY_S)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+        assert server.process.returncode is not None
+
+
+def test_encoder_repository_answers_tritonclient_like_the_runtime_backend(tiny_onnx, tmp_path, serve):
+    httpclient = pytest.importorskip("tritonclient.http")
+    bundle = build(tiny_onnx, BuildConfig(target="cpu", batch=(1, 4, 8), out=tmp_path / "tiny.edgeattn"))
+    repo = tmp_path / "repo"
+    export_triton(bundle.path, repo, TritonConfig(cpu_backend="python", python_path=_python_path()))
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, 100, (3, 7), dtype=np.int64),
+             "attention_mask": np.ones((3, 7), dtype=np.int64)}
+    feeds["attention_mask"][1, 5:] = 0
+    backend = open_backend(open_bundle(bundle.path))
+    backend.activate()
+    expected = backend.infer(feeds)["last_hidden_state"]
+    backend.deactivate()
+
+    server = serve(repo)
+    client = httpclient.InferenceServerClient(server.url)
+    inputs = []
+    for name, value in feeds.items():
+        tensor = httpclient.InferInput(name, list(value.shape), "INT64")
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    got = client.infer("tiny", inputs).as_numpy("last_hidden_state")
+    assert got.shape == expected.shape == (3, 7, 16)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    assert not np.allclose(got[0], got[1])  # rows differ: the batch travelled as sent
+
+
+def _generate_stream(server, model: str, body: dict) -> list[dict]:
+    request = urllib.request.Request(f"http://{server.url}/v2/models/{model}/generate_stream",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        lines = response.read().decode("utf-8").splitlines()
+    return [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+
+
+def _tokens(events: list[dict]) -> list[int]:
+    """The generate extension writes a one-element tensor as a scalar, a longer one as a list."""
+    return [t for e in events for t in (e["token_ids"] if isinstance(e["token_ids"], list) else [e["token_ids"]])]
+
+
+@requires_decoder_stack
+def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path, serve):  # noqa: F811
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    _, _, _, bundle_path = tiny_decoder
+    repo = tmp_path / "repo"
+    export_triton(bundle_path, repo, TritonConfig(model_name="dec", python_path=_python_path()))
+    prompts = ["The weather in Lisbon today is", "Once upon a time"]
+    with Generator.open(bundle_path) as generator:
+        expected = [generator.generate(p, GenerationConfig(max_tokens=12)) for p in prompts]
+        windowed = generator.generate(prompts[0], GenerationConfig(max_tokens=12, window=8))
+        sampling = SamplingConfig(temperature=1.0, top_p=0.9, seed=7)
+        sampled = generator.generate(prompts[1], GenerationConfig(max_tokens=16, sampling=sampling))
+    assert len(set(sampled.tokens)) > 4  # the sampled case is not one token repeated
+
+    server = serve(repo)
+    for prompt, want in zip(prompts, expected):
+        events = _generate_stream(server, "dec", {"text_input": prompt, "max_tokens": 12})
+        assert len(events) >= 2  # streamed, not one answer
+        assert _tokens(events) == want.tokens
+        assert "".join(e["text_output"] for e in events) == want.text
+        assert [e["finish_reason"] for e in events] == [""] * (len(events) - 1) + [want.finish_reason]
+    events = _generate_stream(server, "dec", {"text_input": prompts[0], "max_tokens": 12, "window": 8})
+    assert _tokens(events) == windowed.tokens
+    assert {e["window"] for e in events} == {8}
+    events = _generate_stream(server, "dec", {"text_input": prompts[1], "max_tokens": 16, "temperature": 1.0,
+                                              "top_p": 0.9, "seed": 7})
+    assert _tokens(events) == sampled.tokens and "".join(e["text_output"] for e in events) == sampled.text
