@@ -12,8 +12,9 @@ import trt_fixtures as fx
 from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.bundle.folder import Bundle
 from edgeattn.cli.main import cli
-from edgeattn.errors import InputError
+from edgeattn.errors import ConfigError, InputError
 from edgeattn.tritonserver.repository import TritonConfig, export_triton, render_config
+from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
 from onnx_fixtures import has
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
@@ -41,7 +42,34 @@ def test_cpu_bundle_batched_onnxruntime(tiny_onnx, tmp_path, runner):
     assert config.dynamic_batching.max_queue_delay_microseconds == 250
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert (repo / "tiny" / "1" / "model.onnx").is_file()
-    assert "tritonserver --model-repository" in (repo / "launch.sh").read_text()
+    assert '"${TRITONSERVER:-tritonserver}" --model-repository' in (repo / "launch.sh").read_text()
+
+
+def test_cpu_bundle_on_the_python_backend_carries_its_python_path(tiny_onnx, tmp_path, runner):
+    build(tiny_onnx, BuildConfig(target="cpu", batch=(1, 4, 16)))
+    repo, site = tmp_path / "repo", tmp_path / "site"
+    result = runner.invoke(cli, ["export-triton", str(tiny_onnx.with_name("tiny.edgeattn")), "--repo", str(repo),
+                                 "--cpu-backend", "python", "--python-path", str(site), "--python-path", "/opt/venv"])
+    assert result.exit_code == 0, result.output
+    config = _parse(repo / "tiny" / "config.pbtxt")
+    assert config.backend == "python" and not config.platform and config.max_batch_size == 16
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert config.parameters["edgeattn_python_path"].string_value == f"{site}:/opt/venv"
+    version = repo / "tiny" / "1"
+    assert sorted(p.name for p in version.iterdir()) == ["bundle", "edgeattn_environment.py", "model.py"]
+    assert (version / "bundle" / "manifest.json").is_file()
+    from edgeattn.tritonserver.python_environment import folders
+    assert folders((repo / "tiny" / "config.pbtxt").read_text()) == [str(site), "/opt/venv"]
+
+
+def test_python_path_is_refused_for_models_that_have_no_python(tiny_onnx, tmp_path):
+    build(tiny_onnx, BuildConfig(target="cpu"))
+    with pytest.raises(InputError, match="for Python-backend models"):
+        export_triton(tiny_onnx.with_name("tiny.edgeattn"), tmp_path / "repo", TritonConfig(python_path=("/x",)))
+    with pytest.raises(ConfigError, match="python_path"):
+        TritonConfig(cpu_backend="python", python_path=("/a:/b",))
+    with pytest.raises(ConfigError, match="cpu_backend"):
+        TritonConfig(cpu_backend="tensorflow")
 
 
 def test_max_batch_above_the_bundle_range_is_refused(tiny_onnx, tmp_path):
@@ -93,3 +121,22 @@ def test_plugin_library_is_refused_for_non_tensorrt_bundles(tiny_onnx, tmp_path)
     lib.write_bytes(b"\x7fELF")
     with pytest.raises(InputError, match="for tensorrt bundles"):
         export_triton(tiny_onnx.with_name("tiny.edgeattn"), tmp_path / "repo", TritonConfig(plugin_library=lib))
+
+
+@requires_decoder_stack
+def test_decoder_bundle_is_a_decoupled_python_model_with_text_tensors(tiny_decoder, tmp_path):  # noqa: F811
+    _, _, _, bundle_path = tiny_decoder
+    folder = export_triton(bundle_path, tmp_path / "repo", TritonConfig(model_name="dec", instances=2))
+    config = _parse(folder / "config.pbtxt")
+    T = model_config_pb2.DataType
+    assert config.backend == "python" and config.max_batch_size == 0 and config.model_transaction_policy.decoupled
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in config.input][:2] == [
+        ("text_input", T.TYPE_STRING, [1], False), ("max_tokens", T.TYPE_INT32, [1], True)]
+    assert {i.name for i in config.input} == {"text_input", "max_tokens", "temperature", "top_p", "top_k", "seed",
+                                              "window", "stop"}
+    assert [(o.name, o.data_type) for o in config.output] == [
+        ("text_output", T.TYPE_STRING), ("token_ids", T.TYPE_INT64), ("window", T.TYPE_INT32),
+        ("finish_reason", T.TYPE_STRING)]
+    assert config.instance_group[0].count == 2 and not config.HasField("dynamic_batching")
+    assert "get_response_sender" in (folder / "1" / "model.py").read_text()  # the decoupled model
+    assert (folder / "1" / "bundle" / "tokenizer.json").is_file()
