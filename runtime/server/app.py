@@ -138,7 +138,10 @@ async def model_config(request: web.Request) -> web.Response:
 
 
 async def model_stats(request: web.Request) -> web.Response:
-    models = [_model(request)] if "model" in request.match_info else request.app[MODELS].values()
+    if "model" in request.match_info:
+        models = [_decoder_or_none(request) or _model(request)]
+    else:
+        models = _all_models(request.app)
     return web.json_response({"model_stats": [m.statistics() for m in models]})
 
 
