@@ -64,8 +64,9 @@ def pipeline(recipe, dry_run, from_stage, force, work_dir):
                 console.print(f"[{STYLE[event.what]}]{event.stage}[/]: {event.what} ({event.text})")
 
         records = pl.run(loaded, force=force, from_stage=from_stage, on_event=show)
-    ran = sum(1 for r in records.values() if r is not None)
-    click.echo(f"{loaded.name}: {ran} of {len(loaded.stages)} stages done, in {loaded.work_dir}")
+    skipped = sum(1 for s in loaded.stages if s.skip)
+    click.echo(f"{loaded.name}: {len(records)} of {len(loaded.stages)} stages up to date"
+               f"{f', {skipped} skipped' if skipped else ''}, in {loaded.work_dir}")
     for stage in loaded.stages:
         if stage.name in records and stage.kind in ("build", "export-triton"):
             artifact = dict(stage.parsed.writes)

@@ -23,13 +23,14 @@ targets, and precisions a target refuses (asked for, or carried by a quantized m
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from edgeattn.errors import BundleError, ConfigError, InputError, TargetError
-from edgeattn.pipeline.stages import KINDS, Parsed
+from edgeattn.pipeline.stages import KINDS, BuildStage, Parsed
 from edgeattn.pipeline.tables import check_keys, resolve_path
+from edgeattn.targets import resolve_target
 
 PIPELINE_KEYS = ("name", "work_dir")
 COMMON_KEYS = ("kind", "name", "input", "optional", "targets")
@@ -171,14 +172,11 @@ def _input(table: dict, parsed: Parsed, earlier: list[Stage], where: str, kind) 
 def _inherit_skip(stage: Stage, earlier: list[Stage]) -> Stage:
     up = next((s for s in earlier if s.name == stage.input), None)
     if up is not None and up.skip:
-        return Stage(**{**stage.__dict__, "skip": f"its input {up.name} is skipped"})
+        return replace(stage, skip=f"its input {up.name} is skipped")
     return stage
 
 
 def _check_build(stage: Stage, earlier: list[Stage]) -> Stage:
-    from edgeattn.pipeline.stages import BuildStage
-    from edgeattn.targets import resolve_target
-
     target, _ = resolve_target(stage.parsed.job.target)
     by_name = {s.name: s for s in earlier}
     up = by_name.get(stage.input)
@@ -197,7 +195,7 @@ def _check_build(stage: Stage, earlier: list[Stage]) -> Stage:
         if not stage.optional:
             raise TargetError(f"{stage.where}: target: {missing}; mark the stage optional = true to skip it "
                               f"where its toolchain is absent")
-        return Stage(**{**stage.__dict__, "skip": missing})
+        return replace(stage, skip=missing)
     return stage
 
 
