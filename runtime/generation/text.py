@@ -76,6 +76,8 @@ class TextStream:
 
     def push(self, token: int) -> str:
         self.ids.append(token)
+        if self.codec is None:  # a model without a tokenizer generates token ids only
+            return ""
         before = self.codec.decode(self.ids[self.prefix:self.read])
         now = self.codec.decode(self.ids[self.prefix:])
         if len(now) > len(before) and not now.endswith(REPLACEMENT):
@@ -85,6 +87,8 @@ class TextStream:
 
     def flush(self) -> str:
         """What is left at the end (a stream cut inside a character ends with U+FFFD: the honest answer)."""
+        if self.codec is None:
+            return ""
         before = self.codec.decode(self.ids[self.prefix:self.read])
         now = self.codec.decode(self.ids[self.prefix:])
         self.prefix = self.read = len(self.ids)

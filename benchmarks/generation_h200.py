@@ -1,0 +1,242 @@
+"""Generation on the H200: correctness on CUDA, the decode and prefill kernel criteria, and SmolLM2-shaped
+decode tokens/s against Hugging Face `generate` (static cache, SDPA) in the same run (issue 17, numbers 1 and 5).
+
+    python benchmarks/generation_h200.py [--out results.json] [--smoke]
+
+The model is SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads, D 64, vocab 49152) with random weights:
+the package's weights do not fit the device machine's transfer limit, and speed does not depend on them;
+parity is checked against Hugging Face on the same random weights. --smoke: tiny shapes, runs anywhere
+(CPU needs TRITON_INTERPRET=1), to check the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def smollm2_shaped(dtype, device, layers=30, vocab=49152, seed=0):
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=576, intermediate_size=1536,
+                                      num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
+                                      max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
+                                      rms_norm_eps=1e-5, eos_token_id=2, bos_token_id=1, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # sharper logits than the init: greedy choices are not near-ties
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def kernel_ms(fn):
+    """Median kernel time in ms from CUDA events over many launches (triton.testing.do_bench), not host time."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def timed(fn, repeat=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def kernel_checks(device, dtype, smoke):
+    """cached_decode against the float64 reference at real shapes."""
+    from edgeattn.attention.cached_reference import cached_attention_np
+    from edgeattn.attention.cached_torch import write_ring_
+    from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+    out = {}
+    shapes = [(4, 9, 3, 64, 4, 1024), (2, 32, 8, 128, 4, 2048)] if not smoke else [(2, 6, 2, 16, 2, 40)]
+    for b, h, h_kv, d, sinks, wmax in shapes:
+        for window in (0, 256 if not smoke else 7):
+            g = torch.Generator(device="cpu").manual_seed(b * h + window)
+            mk = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
+            kc, vc = mk(b, h_kv, sinks + wmax, d), mk(b, h_kv, sinks + wmax, d)
+            q, qs, k, v = mk(b, h, 1, d), mk(b, h, 1, d), mk(b, h_kv, 1, d), mk(b, h_kv, 1, d)
+            pos = torch.randint(0, 3 * wmax, (b,), generator=g).to(device)
+            want = cached_attention_np(*(t.float().cpu() for t in (q, qs, k, v, kc, vc)), pos.cpu().numpy(), window,
+                                       sinks=sinks)
+            write_ring_(kc, vc, k, v, pos, sinks)
+            got = cached_decode(q, qs, kc, vc, pos, torch.tensor(window, device=device), sinks=sinks)
+            out[f"cached_decode b{b} h{h}/{h_kv} d{d} C{sinks + wmax} w{window}"] = \
+                float((got.float().cpu() - torch.from_numpy(want).float()).abs().max())
+    return out
+
+
+def parity(device, smoke):
+    """TorchDecoderModel (fp32, CUDA graphs) vs Hugging Face generate on the same weights: 128 greedy tokens."""
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+    from edgeattn.runtime.generation.torch_decoder import TorchDecoderModel
+
+    layers = 2 if smoke else 30
+    model = smollm2_shaped(torch.float32, device, layers=layers)
+    n_new = 16 if smoke else 128
+    ids = torch.randint(3, 40000, (1, 48), generator=torch.Generator().manual_seed(1)).tolist()[0]
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([ids], device=device), max_new_tokens=n_new, min_new_tokens=n_new,
+                            do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+        want_logits = model(torch.tensor([ids], device=device)).logits[0].float().cpu()
+    ours = TorchDecoderModel(model, sinks=4, window_max=512, cuda_graphs=device.type == "cuda")
+    cache = ours.new_cache(1)
+    got_logits = torch.from_numpy(ours.step(cache, [0], [ids], 0)[0])
+    result = Generator(ours).generate(ids, GenerationConfig(max_tokens=n_new))
+    same = result.tokens == hf[:len(result.tokens)]
+    return {"tokens_equal": same, "new_tokens": len(result.tokens), "hf_new_tokens": len(hf),
+            "first_difference": next((i for i, (a, b) in enumerate(zip(result.tokens, hf)) if a != b), None),
+            "prefill_logits_max_abs_diff": float((got_logits - want_logits).abs().max())}
+
+
+def decode_kernel_criterion(device, dtype, smoke):
+    """Batch 1, 32 query / 8 KV heads, D 128, S_k 32768: the split-K decode with and without the window hint,
+    the ring kernel, and slicing the cache to sinks + W then SDPA."""
+    import torch.nn.functional as F
+
+    from edgeattn.plugins.kernels.cached_decode import cached_decode
+    from edgeattn.plugins.kernels.decode import windowed_decode
+
+    s_k, h, h_kv, d, sinks = (32768, 32, 8, 128, 4) if not smoke else (256, 4, 2, 16, 2)
+    q = torch.randn(1, h, 1, d, device=device, dtype=dtype)
+    k = torch.randn(1, h_kv, s_k, d, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    kc = torch.randn(1, h_kv, sinks + s_k, d, device=device, dtype=dtype)
+    vc = torch.randn_like(kc)
+    pos = torch.tensor([s_k - 1], device=device)
+    rows = []
+    for w in ((0, 1024, 256) if not smoke else (0, 64, 16)):
+        wt = torch.tensor(w, device=device)
+        wk = s_k if w == 0 else w
+        row = {"window": w or s_k,
+               "decode_ms": kernel_ms(lambda: windowed_decode(q, k, v, wt, sinks=sinks)),
+               "decode_hint_ms": kernel_ms(lambda: windowed_decode(q, k, v, wt, sinks=sinks, window_hint=wk)),
+               "ring_ms": kernel_ms(lambda: cached_decode(q, q, kc, vc, pos, wt, sinks=sinks, window_keys=wk))}
+        ks = torch.cat([k[:, :, :sinks], k[:, :, s_k - wk:]], dim=2).repeat_interleave(h // h_kv, 1)
+        vs = torch.cat([v[:, :, :sinks], v[:, :, s_k - wk:]], dim=2).repeat_interleave(h // h_kv, 1)
+        row["slice_sdpa_ms"] = kernel_ms(lambda: F.scaled_dot_product_attention(
+            q, torch.cat([k[:, :, :sinks], k[:, :, s_k - wk:]], 2).repeat_interleave(h // h_kv, 1),
+            torch.cat([v[:, :, :sinks], v[:, :, s_k - wk:]], 2).repeat_interleave(h // h_kv, 1)))
+        row["sdpa_only_ms"] = kernel_ms(lambda: F.scaled_dot_product_attention(q, ks, vs))
+        rows.append(row)
+    return rows
+
+
+def prefill_criterion(device, dtype, smoke):
+    """time / attended pairs relative to the full window (<= 1.25 for W >= 1024, <= 2.0 for W = 256)."""
+    from edgeattn.plugins.kernels.dispatch import windowed_prefill
+    from edgeattn.plugins.kernels.flops import attended_pairs
+
+    b, h, s, d = (2, 32, 8192, 128) if not smoke else (1, 2, 256, 16)
+    q = torch.randn(b, h, s, d, device=device, dtype=dtype)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    rows, base = [], None
+    for w in ((0, 4096, 1024, 256) if not smoke else (0, 64, 16)):
+        wt = torch.tensor(w, device=device)
+        t = kernel_ms(lambda: windowed_prefill(q, k, v, wt, sinks=4, window_hint=w or s)) / 1e3
+        pairs = attended_pairs(s, s, w, 4, True)
+        per_pair = t / pairs
+        base = base or per_pair
+        rows.append({"window": w or s, "ms": 1e3 * t, "pairs": pairs, "time_per_pair_vs_full": per_pair / base})
+    return rows
+
+
+def decode_speed(device, smoke):
+    """Decode tokens/s at context 8192 (cache filled), batch 1 and 64, W full / 1024 / 256, CUDA graphs; and
+    Hugging Face generate (static cache, SDPA) on the same weights in the same run."""
+    from edgeattn.runtime.generation.torch_decoder import TorchDecoderModel
+
+    dtype = torch.bfloat16
+    layers, ctx, steps = (2, 256, 8) if smoke else (30, 8192, 64)
+    model = smollm2_shaped(dtype, device, layers=layers)
+    rows = []
+    for batch in (1, 64) if not smoke else (1, 4):
+        ours = TorchDecoderModel(model, sinks=4, window_max=ctx, cuda_graphs=device.type == "cuda")
+        cache = ours.new_cache(batch)
+        for t in cache.keys + cache.values:
+            t.normal_()
+        for w in (0, 1024, 256) if not smoke else (0, 64):
+            cache.positions[:] = ctx
+            ids = [[5]] * batch
+            ours.step(cache, list(range(batch)), ids, w)  # capture
+            ours.step(cache, list(range(batch)), ids, w)
+            best = float("inf")
+            for _ in range(3):
+                cache.positions[:] = ctx
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    ours.step(cache, list(range(batch)), ids, w)
+                torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - t0) / steps)
+            graph, static = next(iter(ours._graphs.values())) if ours._graphs else (None, None)
+            replay = kernel_ms(graph.replay) if graph is not None and device.type == "cuda" else float("nan")
+            rows.append({"engine": "edgeattn (CUDA graphs)", "batch": batch, "context": ctx, "window": w or ctx,
+                         "ms_per_step": 1e3 * best, "tokens_per_s": batch / best, "graph_replay_ms": replay})
+            ours._graphs.clear()
+        del cache, ours
+        torch.cuda.empty_cache()
+        prompt = torch.randint(3, 40000, (batch, ctx), device=device)
+        gen = lambda n: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,  # noqa: E731
+                                       cache_implementation="static", pad_token_id=0)
+        with torch.no_grad():  # static cache: transformers compiles the decode step; warm up both lengths twice
+            for _ in range(2):
+                gen(1), gen(1 + steps)
+            ones, alls = [], []
+            for _ in range(2):
+                torch.cuda.synchronize(); t0 = time.perf_counter(); gen(1); torch.cuda.synchronize()
+                ones.append(time.perf_counter() - t0)
+                torch.cuda.synchronize(); t0 = time.perf_counter(); gen(1 + steps); torch.cuda.synchronize()
+                alls.append(time.perf_counter() - t0)
+        dt = (min(alls) - min(ones)) / steps
+        rows.append({"engine": "HF generate (static cache, SDPA)", "batch": batch, "context": ctx, "window": ctx,
+                     "ms_per_step": 1e3 * dt, "tokens_per_s": batch / dt})
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "generation_h200.json"))
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--parts", default="kernels,parity,decode_kernel,prefill,speed")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu":
+        global timed
+        timed = lambda fn, repeat=1, warmup=0: (lambda t: (fn(), time.perf_counter() - t)[1])(time.perf_counter())  # noqa: E731
+        torch.cuda.synchronize = lambda: None
+    result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__}
+    parts = args.parts.split(",")
+    kdtype = torch.float16 if device.type == "cpu" else torch.bfloat16  # the interpreter has no bf16 dot
+    steps = {"kernels": lambda: kernel_checks(device, kdtype, args.smoke),
+             "parity": lambda: parity(device, args.smoke),
+             "decode_kernel": lambda: decode_kernel_criterion(device, torch.bfloat16, args.smoke),
+             "prefill": lambda: prefill_criterion(device, torch.bfloat16, args.smoke),
+             "speed": lambda: decode_speed(device, args.smoke)}
+    for name in parts:
+        t = time.perf_counter()
+        try:
+            result[name] = steps[name]()
+        except Exception as exc:  # keep the other parts' numbers
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(name, f"{time.perf_counter() - t:.1f}s", json.dumps(result[name], indent=1), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
