@@ -1,4 +1,4 @@
-"""Fuzzing the inference and admin routes: no input is a 500.
+"""Fuzzing the inference, admin and generation routes: no input is a 500.
 
 From the server's own OpenAPI description (schemathesis: structure and types), then well-formed requests
 with arbitrary values (hypothesis: ids, shapes). Deterministic (derandomized) and bounded: a fixed number
@@ -22,11 +22,15 @@ from edgeattn.runtime.server.app import create_app  # noqa: E402
 from edgeattn.runtime.server.openapi import openapi_document  # noqa: E402
 from edgeattn.runtime.server.runner import BackgroundServer  # noqa: E402
 from edgeattn.runtime.server.settings import ServeSettings  # noqa: E402
+from decoder_fixtures import tiny_decoder  # noqa: E402,F401
 from serve_support import http, make_bundle, tiny_bundle, wait_ready_http, window_model  # noqa: E402
 
 DESCRIPTION = openapi_document(__version__, ["tiny", "windowed"], ["attention_mask", "input_ids"],
                                ["hidden", "last_hidden_state"])
 schema = schemathesis.openapi.from_dict(DESCRIPTION)
+GEN_DESCRIPTION = openapi_document(__version__, ["tiny"], ["attention_mask", "input_ids"], ["last_hidden_state"],
+                                   decoders=["dec"])
+gen_schema = schemathesis.openapi.from_dict(GEN_DESCRIPTION)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +96,39 @@ def test_binary_extension_bodies_are_answered_or_refused(base_url, head, tail, l
     headers = {} if length is None else {"Inference-Header-Content-Length": str(length)}
     status, doc, _ = http(url, "POST", "/v2/models/tiny/infer", raw + tail, headers)
     assert status < 500, (head, tail, length, status, doc)
+
+
+@pytest.fixture(scope="module")
+def gen_url(tmp_path_factory, request):
+    """An encoder ("tiny") and the tiny decoder ("dec") in one server (needs the decoder stack)."""
+    from decoder_fixtures import requires_decoder_stack
+
+    if requires_decoder_stack.args[0]:
+        pytest.skip(requires_decoder_stack.kwargs["reason"])
+    from edgeattn.bundle.folder import open_bundle
+
+    decoder = request.getfixturevalue("tiny_decoder")[3]
+    folder = tmp_path_factory.mktemp("fuzz_gen")
+    app = create_app([tiny_bundle(folder), open_bundle(decoder)],
+                     ServeSettings(port=0, warmup_runs=0, max_queue_delay_ms=0, body_timeout_s=5, slots=4),
+                     names=["tiny", "dec"], sensors=False)
+    with BackgroundServer(app) as url:
+        wait_ready_http(url)
+        yield f"http://{url}"
+
+
+def test_the_generation_routes_are_described(gen_url):
+    status, doc, _ = http(gen_url[len("http://"):], "GET", "/openapi.json")
+    assert status == 200 and doc == GEN_DESCRIPTION
+    assert {"/v1/completions", "/v1/chat/completions", "/v2/models/{model}/generate_stream"} <= set(doc["paths"])
+
+
+@gen_schema.include(path_regex="v1|generate").parametrize()
+@settings(max_examples=15, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_no_generation_request_is_a_server_error(case, gen_url):
+    response = case.call(base_url=gen_url, timeout=30)
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert isinstance(error, str) or {"message", "type", "param", "code"} <= set(error), response.text[:300]
