@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import sysconfig
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -86,11 +87,17 @@ def test_encoder_repository_answers_tritonclient_like_the_runtime_backend(tiny_o
 
 
 def _generate_stream(server, model: str, body: dict) -> list[dict]:
+    """The server-sent events of one /generate_stream call; an error answer (HTTP 400) as its events too."""
     request = urllib.request.Request(f"http://{server.url}/v2/models/{model}/generate_stream",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        lines = response.read().decode("utf-8").splitlines()
-    return [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode("utf-8")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 400
+        text = exc.read().decode("utf-8")
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    return events or [json.loads(text)]
 
 
 def _tokens(events: list[dict]) -> list[int]:
@@ -112,9 +119,17 @@ def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path,
         windowed = generator.generate(prompts[0], GenerationConfig(max_tokens=12, window=8))
         sampling = SamplingConfig(temperature=1.0, top_p=0.9, seed=7)
         sampled = generator.generate(prompts[1], GenerationConfig(max_tokens=16, sampling=sampling))
-    assert len(set(sampled.tokens)) > 4  # the sampled case is not one token repeated
+        assert len(set(sampled.tokens)) > 4 and len(sampled.text) > 12  # not one token repeated
+        stop = sampled.text[8:11]
+        stopped = generator.generate(prompts[1], GenerationConfig(max_tokens=16, sampling=sampling, stop=(stop,)))
+    assert stopped.finish_reason == "stop" and len(stopped.tokens) < len(sampled.tokens)
 
     server = serve(repo)
+    for body, message in (({"text_input": prompts[0], "window": 10_000}, "window: expected 0"),
+                          ({"text_input": prompts[0], "max_tokens": 0}, "max_tokens: expected an integer >= 1"),
+                          ({"text_input": ""}, "empty prompt"), ({"prompt": prompts[0]}, "text_input")):
+        events = _generate_stream(server, "dec", body)  # each refused on its own; the model keeps serving
+        assert len(events) == 1 and message in events[0]["error"], events
     for prompt, want in zip(prompts, expected):
         events = _generate_stream(server, "dec", {"text_input": prompt, "max_tokens": 12})
         assert len(events) >= 2  # streamed, not one answer
@@ -127,3 +142,7 @@ def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path,
     events = _generate_stream(server, "dec", {"text_input": prompts[1], "max_tokens": 16, "temperature": 1.0,
                                               "top_p": 0.9, "seed": 7})
     assert _tokens(events) == sampled.tokens and "".join(e["text_output"] for e in events) == sampled.text
+    events = _generate_stream(server, "dec", {"text_input": prompts[1], "max_tokens": 16, "temperature": 1.0,
+                                              "top_p": 0.9, "seed": 7, "stop": [stop]})
+    assert _tokens(events) == stopped.tokens and "".join(e["text_output"] for e in events) == stopped.text
+    assert events[-1]["finish_reason"] == "stop"
