@@ -28,9 +28,9 @@ for sinks, wmax, window, positions in [(2, 40, 0, [0, 5, 57]), (4, 40, 7, [3, 30
     want = cached_attention_np(q.float(), qs.float(), k.float(), v.float(), kc.float(), vc.float(), pos.numpy(),
                                window, sinks=sinks)
     write_ring_(kc, vc, k, v, pos, sinks)
-    for keys in (None, 8):  # the split count from the ring, or from a small window hint
-        got = cached_decode(q, qs, kc, vc, pos, torch.tensor(window), sinks=sinks, window_keys=keys)
-        out[f"kernel:{sinks}-{wmax}-{window}-{keys}"] = float(np.abs(got.float().numpy() - want).max())
+    for splits in (None, 1, 4):  # the split count from the ring; one split (no reduce kernel); forced 4
+        got = cached_decode(q, qs, kc, vc, pos, torch.tensor(window), sinks=sinks, splits=splits)
+        out[f"kernel:{sinks}-{wmax}-{window}-{splits}"] = float(np.abs(got.float().numpy() - want).max())
 
 model, tok = tiny_llama()
 ids = tok("The window shrinks as the device heats up, and", add_special_tokens=False).input_ids

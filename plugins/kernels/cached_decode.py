@@ -52,12 +52,13 @@ def _cached_decode_split_kernel(
     Q, QS, K, V, Pos, Window,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vn,
     H_kv, GROUP, C, sinks, sm_scale,
-    PartO, PartM, PartL,
+    PartO, PartM, PartL, Out, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):
     # q, q_sink: [B, H, 1, D]; k, v: [B, H_kv, C, D] (the new token already written); pos: [B] int64 (tokens
     # before this one); window: [] int64 (0 or > C - sinks: the whole ring)
     # part_o: [B*H_kv, SPLITS, BLOCK_M, D] fp32; part_m, part_l: [B*H_kv, SPLITS, BLOCK_M]; grid (SPLITS, B*H_kv)
+    # SPLITS == 1: no partials, the program writes out [B, H, 1, D] itself (one launch instead of two)
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H_kv).to(tl.int64)
@@ -95,15 +96,27 @@ def _cached_decode_split_kernel(
     acc, l_i, m_i = _ring_blocks(acc, l_i, m_i, q, K, V, kv_base, stride_kn, stride_vn, offs_d,
                                  (tl.maximum(t0, nsb) - nsb) * BLOCK_N, (tl.maximum(t1, nsb) - nsb) * BLOCK_N,
                                  n_ring, first_pos, sinks, wmax, qk_scale, False, BLOCK_N)
-    part = (pid_bh.to(tl.int64) * SPLITS + split) * BLOCK_M
-    tl.store(PartO + (part + r[:, None]) * HEAD_DIM + offs_d[None, :], acc)
-    tl.store(PartM + part + r, m_i)
-    tl.store(PartL + part + r, l_i)
+    if SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(Out + b * stride_ob + head[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
+                 mask=valid[:, None])
+    else:
+        part = (pid_bh.to(tl.int64) * SPLITS + split) * BLOCK_M
+        tl.store(PartO + (part + r[:, None]) * HEAD_DIM + offs_d[None, :], acc)
+        tl.store(PartM + part + r, m_i)
+        tl.store(PartL + part + r, l_i)
+
+
+MIN_BLOCKS_PER_SPLIT = 4  # below this a split's work is shorter than the launch of the reduce kernel
 
 
 def cached_decode_splits(batch_kv_heads: int, sinks: int, window_keys: int, sms: int) -> int:
-    """Splits per kv head from the keys the live window reads (sinks + W), not from the cache length."""
-    return decode_splits(batch_kv_heads, max(sinks + window_keys, 1), sms)
+    """Splits per kv head from the keys the live window reads (sinks + W), not from the cache length; a small
+    window gets one split (no reduce kernel), so its decode is one launch."""
+    keys = max(sinks + window_keys, 1)
+    blocks = -(-keys // DECODE_BLOCK_N)
+    cap = 1 << (max(blocks // MIN_BLOCKS_PER_SPLIT, 1).bit_length() - 1)  # a power of two <= blocks / 4
+    return min(decode_splits(batch_kv_heads, keys, sms), cap)
 
 
 def cached_decode(q, q_sink, k_cache, v_cache, positions, window, *, sinks: int, scale: float = 0.0,
@@ -124,17 +137,20 @@ def cached_decode(q, q_sink, k_cache, v_cache, positions, window, *, sinks: int,
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else INTERPRETER_SMS
     keys = c - sinks if window_keys is None else window_keys
     n_split = splits or cached_decode_splits(b * h_kv, sinks, keys, sms)
-    part_o = torch.empty((b * h_kv, n_split, block_m, d), device=q.device, dtype=torch.float32)
-    part_m = torch.empty((b * h_kv, n_split, block_m), device=q.device, dtype=torch.float32)
+    parts = (b * h_kv, n_split, block_m) if n_split > 1 else (1, 1, 1)  # SPLITS 1 writes `out` directly
+    part_o = torch.empty((*parts, d), device=q.device, dtype=torch.float32)
+    part_m = torch.empty(parts, device=q.device, dtype=torch.float32)
     part_l = torch.empty_like(part_m)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q)  # out: [B, H, 1, D]
     _cached_decode_split_kernel[(n_split, b * h_kv)](
         q, q_sink, k_cache, v_cache, positions, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2),
         h_kv, group, c, int(sinks), float(scale or d ** -0.5),
-        part_o, part_m, part_l,
+        part_o, part_m, part_l, out, out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, SPLITS=n_split, num_warps=4, num_stages=2,
     )
+    if n_split == 1:
+        return out
     _windowed_decode_reduce_kernel[(b * h_kv, group)](
         part_o, part_m, part_l, out.stride(0), out.stride(1), out.stride(2), h_kv, group, 1, out,
         HEAD_DIM=d, BLOCK_M=block_m, SPLITS=n_split, num_warps=4,
