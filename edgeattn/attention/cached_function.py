@@ -52,9 +52,13 @@ def _build_cached(b: _Body) -> str:
     kpos_w = b.Add(b.Sub(pos, n), b.Unsqueeze(r, b.const([0])))  # [B, N]
     slot_w = b.Add(sinks, b.Mod(b.Sub(kpos_w, sinks), wmax))  # Mod (fmod=0) of an int is >= 0 for Wmax > 0
     valid_w = b.And(b.GreaterOrEqual(kpos_w, sinks), b.GreaterOrEqual(kpos_w, i0))  # [B, N]
-    idx = b.Expand(b.Reshape(slot_w, b.vec(bsz, i1, n, i1)), b.vec(bsz, hkv, n, d))
-    kw = b.GatherElements(pk, idx, axis=2)  # [B, H_kv, N, D]
-    vw = b.GatherElements(pv, idx, axis=2)
+    # one Gather of whole rows from the cache seen as [B*H_kv*C, D] (a free Reshape): row (b*H_kv + h)*C + slot.
+    # Its index is [B, H_kv, N], D times smaller than GatherElements' would be, and each row is one copy.
+    bh = b.Reshape(b.Range(i0, b.Mul(bsz, hkv), i1), b.vec(bsz, hkv, i1))  # [B, H_kv, 1]
+    rows = b.Add(b.Mul(bh, c), b.Unsqueeze(slot_w, b.const([1])))  # [B, H_kv, N]
+    flat = b.vec(b.const(-1), d)
+    kw = b.Gather(b.Reshape(pk, flat), rows, axis=0)  # [B, H_kv, N, D]
+    vw = b.Gather(b.Reshape(pv, flat), rows, axis=0)
     # sink rows: at least one row is read even without sinks (then masked): zero-sized tensors break older ORT
     ns = b.Max(sinks, i1)
     ks = b.Slice(pk, b.const([0]), b.Unsqueeze(ns, b.const([0])), b.const([2]))  # [B, H_kv, NS, D]
