@@ -1,0 +1,256 @@
+"""The generation service under load on loopback: correctness at 64 concurrent streams, and continuous batching.
+
+Starts `edgeattn serve BUNDLE` as a child process and drives it with an asyncio HTTP client in this process
+(server-sent events from /v1/completions, greedy):
+
+1. correctness: every prompt served alone first (the reference), then STREAMS concurrent streams, each with its
+   own prompt, sending REQUESTS short requests (TOKENS_SHORT new tokens) in all; every answer must equal the
+   same request served alone (text and token count) and end with a finish reason and `data: [DONE]`; nothing
+   may be lost.
+2. batching: a server with 16 slots; one request at a time, then 16 concurrent streams (rounds alternate, so
+   a shared machine's changing load falls on both alike): total generated tokens/s and the inter-token
+   latency at the client (time between two chunks of one stream), p50/p99.
+
+    python benchmarks/serve_generate.py                      # the tiny random decoder (quick)
+    python benchmarks/serve_generate.py --requests 1000      # quicker
+    python benchmarks/serve_generate.py --bundle smollm2.edgeattn --requests 2000 --batch-tokens 48
+
+Only 127.0.0.1 is contacted. Every loop is bounded (requests, tokens, start-up timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+HOST = "127.0.0.1"
+WORDS = ("river stone light heat window sink token cache orbit maple copper signal harbor lantern meadow "
+         "quartz ember glacier violet thunder").split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start_server(bundle: Path, port: int, slots: int, threads: int, max_queue: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "edgeattn.cli.main", "serve", str(bundle), "--host", HOST, "--port", str(port),
+           "--name", "dec", "--slots", str(slots), "--max-queue", str(max_queue)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read()}")
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not become ready within 300 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def prompts(n: int, seed: int = 0) -> list[str]:
+    """n distinct prompts of 6-12 words."""
+    rng = np.random.default_rng(seed)
+    return [f"{i}: " + " ".join(rng.choice(WORDS, size=int(rng.integers(6, 13)))) for i in range(n)]
+
+
+class Answer:
+    def __init__(self) -> None:
+        self.text, self.finish, self.done, self.tokens = "", None, False, None
+        self.times: list[float] = []  # arrival of each chunk that carried text or the finish
+        self.start = time.perf_counter()
+
+
+async def complete(session, url: str, prompt: str, max_tokens: int) -> Answer:
+    body = {"model": "dec", "prompt": prompt, "temperature": 0, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    answer = Answer()
+    async with session.post(url + "/v1/completions", json=body) as response:
+        if response.status != 200:
+            answer.finish = f"http {response.status}"
+            return answer
+        async for raw in response.content:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                answer.done = True
+                break
+            doc = json.loads(data)
+            if doc.get("usage"):
+                answer.tokens = doc["usage"]["completion_tokens"]
+            if doc["choices"]:
+                choice = doc["choices"][0]
+                answer.text += choice["text"]
+                if choice["text"] or choice["finish_reason"]:
+                    answer.times.append(time.perf_counter())
+                answer.finish = choice["finish_reason"] or answer.finish
+    return answer
+
+
+async def correctness(url: str, n_streams: int, n_requests: int, max_tokens: int) -> dict:
+    import aiohttp
+
+    texts = prompts(n_streams)
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        alone = {}
+        for p in texts:
+            a = await complete(session, url, p, max_tokens)
+            alone[p] = (a.text, a.tokens)
+        counts = {"sent": 0, "ok": 0, "mismatch": 0, "lost": 0}
+        per_stream = [n_requests // n_streams + (i < n_requests % n_streams) for i in range(n_streams)]
+
+        async def stream(i: int) -> None:
+            for k in range(per_stream[i]):
+                p = texts[(i + k) % n_streams]  # each stream its own prompt at any moment, slots reused
+                counts["sent"] += 1
+                try:
+                    a = await complete(session, url, p, max_tokens)
+                except Exception:
+                    counts["lost"] += 1
+                    continue
+                if not a.done or a.finish not in ("stop", "length"):
+                    counts["lost"] += 1
+                elif (a.text, a.tokens) != alone[p]:
+                    counts["mismatch"] += 1
+                else:
+                    counts["ok"] += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(stream(i) for i in range(n_streams)))
+        counts["seconds"] = time.perf_counter() - t0
+        counts["tokens"] = sum(alone[texts[(i + k) % n_streams]][1] for i in range(n_streams)
+                               for k in range(per_stream[i]))
+    return counts
+
+
+async def batching(url: str, concurrency: int, requests_each: int, max_tokens: int) -> dict:
+    import aiohttp
+
+    texts = prompts(concurrency, seed=1)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600),
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        answers: list[Answer] = []
+
+        async def client(i: int) -> None:
+            for k in range(requests_each):
+                answers.append(await complete(session, url, texts[(i + k) % concurrency], max_tokens))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(concurrency)))
+        seconds = time.perf_counter() - t0
+    gaps = np.concatenate([np.diff(a.times) for a in answers if len(a.times) > 1] or [np.zeros(0)])
+    ttft = np.array([a.times[0] - a.start for a in answers if a.times])
+    tokens = sum(a.tokens or 0 for a in answers)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "itl_p50_ms": 1e3 * float(np.percentile(gaps, 50)), "itl_p99_ms": 1e3 * float(np.percentile(gaps, 99)),
+            "ttft_p50_ms": 1e3 * float(np.percentile(ttft, 50)), "errors": sum(not a.done for a in answers)}
+
+
+def tiny_bundle(folder: Path) -> Path:
+    """The tests' tiny random decoder (SmolLM2's tokenizer), exported and built into `folder`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from decoder_fixtures import SINKS, WINDOW_MAX, tiny_llama
+
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+
+    model, tok = tiny_llama()
+    onnx_path = export_decoder_model(model, tok, folder / "tiny_dec.onnx",
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX))
+    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", type=Path, help="a decoder bundle [default: the tiny random decoder, built here]")
+    ap.add_argument("--streams", type=int, default=64, help="concurrent streams in the correctness run")
+    ap.add_argument("--requests", type=int, default=10_000, help="requests in all in the correctness run")
+    ap.add_argument("--short-tokens", type=int, default=8, help="new tokens per correctness request")
+    ap.add_argument("--slots", type=int, default=8, help="server slots in the correctness run")
+    ap.add_argument("--concurrency", type=int, default=16, help="concurrent streams in the batching run")
+    ap.add_argument("--batch-tokens", type=int, default=64, help="new tokens per batching request")
+    ap.add_argument("--batch-requests", type=int, default=2, help="requests per stream in each batched round")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating single/batched rounds")
+    ap.add_argument("--threads", type=int, default=0, help="server ONNX Runtime threads [default: its own]")
+    ap.add_argument("--skip", choices=["correctness", "batching"], action="append", default=[])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = args.bundle or tiny_bundle(Path(tmp))
+        print(f"bundle {bundle}", flush=True)
+        if "correctness" not in args.skip:
+            port = free_port()
+            proc = start_server(bundle, port, args.slots, args.threads, max_queue=max(256, args.streams))
+            try:
+                c = asyncio.run(correctness(f"http://{HOST}:{port}", args.streams, args.requests,
+                                            args.short_tokens))
+            finally:
+                stop_server(proc)
+            print(f"correctness: {args.streams} concurrent streams, {args.slots} slots, {c['sent']} requests of "
+                  f"{args.short_tokens} tokens: {c['ok']} equal to the request served alone, {c['mismatch']} "
+                  f"different, {c['lost']} lost; {c['seconds']:.1f} s, {c['sent'] / c['seconds']:.1f} req/s, "
+                  f"{c['tokens'] / c['seconds']:.1f} tokens/s", flush=True)
+        if "batching" not in args.skip:
+            port = free_port()
+            proc = start_server(bundle, port, args.concurrency, args.threads, max_queue=256)
+            url = f"http://{HOST}:{port}"
+            single, batched = [], []
+            try:
+                asyncio.run(batching(url, 1, 1, 8))  # warm-up
+                for r in range(args.rounds):
+                    single.append(asyncio.run(batching(url, 1, max(2, args.batch_requests), args.batch_tokens)))
+                    batched.append(asyncio.run(batching(url, args.concurrency, args.batch_requests,
+                                                        args.batch_tokens)))
+                    print(f"round {r + 1}: single {single[-1]}\n         batched {batched[-1]}", flush=True)
+            finally:
+                stop_server(proc)
+            report(single, batched, args)
+
+
+def report(single: list[dict], batched: list[dict], args) -> None:
+    def total(runs: list[dict], key: str) -> float:
+        return sum(r[key] for r in runs)
+
+    s_tps = total(single, "tokens") / total(single, "seconds")
+    b_tps = total(batched, "tokens") / total(batched, "seconds")
+    s_p99 = float(np.median([r["itl_p99_ms"] for r in single]))
+    b_p99 = float(np.median([r["itl_p99_ms"] for r in batched]))
+    print(f"\n| mode | tokens/s | ITL p50 | ITL p99 | TTFT p50 | errors |\n|---|---|---|---|---|---|")
+    for name, runs, tps in (("one request at a time", single, s_tps),
+                            (f"{args.concurrency} concurrent streams", batched, b_tps)):
+        p50 = float(np.median([r["itl_p50_ms"] for r in runs]))
+        p99 = float(np.median([r["itl_p99_ms"] for r in runs]))
+        ttft = float(np.median([r["ttft_p50_ms"] for r in runs]))
+        print(f"| {name} | {tps:.1f} | {p50:.1f} ms | {p99:.1f} ms | {ttft:.0f} ms | {int(total(runs, 'errors'))} |")
+    print(f"\nthroughput {b_tps / s_tps:.2f}x one-request-at-a-time (target >= 3x); p99 ITL {b_p99 / s_p99:.2f}x "
+          f"the single stream's (target <= 2x)")
+
+
+if __name__ == "__main__":
+    main()
