@@ -176,11 +176,10 @@ def far_from_full_run(measured: dict) -> bool:
     return measured["cos_mean"] < FAR["encoder"]
 
 
-def report_lines(measured: dict, stage: str, ran: str) -> list[str]:
-    """What the command prints: the measurement, and a plain warning when it is far from a full run."""
-    lines = [f"fidelity: {describe(measured)}"]
-    if far_from_full_run(measured):
-        kind = "decoder" if measured["metric"] == "perplexity" else "encoder"
-        lines.append(f"warning: this is far from what a longer run gives ({FULL_RUN[(stage, kind)]}); this run: "
-                     f"{ran}. To get closer, {HOW_TO_GET_CLOSER[stage]}.")
-    return lines
+def far_warning(measured: dict, stage: str, ran: str) -> str | None:
+    """A plain warning when the result is far from what a full run gives (None when it is not)."""
+    if not far_from_full_run(measured):
+        return None
+    kind = "decoder" if measured["metric"] == "perplexity" else "encoder"
+    return (f"warning: {describe(measured)}: far from what a longer run gives ({FULL_RUN[(stage, kind)]}); "
+            f"this run: {ran}. To get closer, {HOW_TO_GET_CLOSER[stage]}.")

@@ -73,8 +73,8 @@ def test_sparsify_records_fidelity_and_fails_below_the_floor(bert_dir, tmp_path,
     section = json.loads((tmp_path / "s.onnx.sparsity.json").read_text())
     measured = section["fidelity"]
     assert measured["n"] == 64 and -1.0 <= measured["cos_min"] <= measured["cos_mean"] < 1.0
-    assert f"mean {measured['cos_mean']:.7g}" in r.stdout
-    assert ("warning: this is far from what a longer run gives" in r.stdout) == (measured["cos_mean"] < 0.95)
+    assert f"fidelity: embedding cosine to the float model: mean {measured['cos_mean']:.7g}" in r.stderr
+    assert ("far from what a longer run gives" in r.stdout) == (measured["cos_mean"] < 0.95)
     bad = tmp_path / "bad.onnx"
     r = runner.invoke(cli, ["sparsify", "--model", str(bert_dir), "--method", "magnitude", "--min-cosine", "0.99999",
                             "--out", str(bad)])
@@ -107,9 +107,10 @@ def test_decoder_probe_measures_the_perplexity_increase(bert_dir):
 
 def test_the_warning_says_when_a_result_is_far_from_a_full_run():
     low = {"metric": "cosine", "cos_mean": 0.79, "cos_min": 0.5, "n": 64, "text": "64 sentences"}
-    lines = fid.report_lines(low, "sparsify", "0 fine-tuning steps")
-    assert len(lines) == 2 and "0.97" in lines[1] and "this run: 0 fine-tuning steps" in lines[1]
-    assert len(fid.report_lines({**low, "cos_mean": 0.971}, "sparsify", "6000 fine-tuning steps")) == 1
+    warning = fid.far_warning(low, "sparsify", "0 fine-tuning steps")
+    assert "mean 0.79," in warning and "0.97" in warning and "this run: 0 fine-tuning steps" in warning
+    assert fid.far_warning({**low, "cos_mean": 0.971}, "sparsify", "6000 fine-tuning steps") is None
     ppl = {"metric": "perplexity", "ppl": 60.0, "ppl_float": 38.0, "ppl_increase_pct": 57.9, "text": "4 chunks"}
-    assert "+21%" in fid.report_lines(ppl, "sparsify", "100 fine-tuning steps")[1]
-    assert len(fid.report_lines({**ppl, "ppl_increase_pct": 1.1}, "quantize", "600 QAT steps")) == 1
+    assert "+57.9%" in fid.far_warning(ppl, "sparsify", "100 fine-tuning steps")
+    assert "+21%" in fid.far_warning(ppl, "sparsify", "100 fine-tuning steps")
+    assert fid.far_warning({**ppl, "ppl_increase_pct": 1.1}, "quantize", "600 QAT steps") is None

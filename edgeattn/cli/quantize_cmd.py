@@ -50,8 +50,9 @@ def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, 
         click.echo(f"wrote {out}: {s['onnx']['quantized_matmuls']} quantized MatMuls "
                    f"({', '.join(f'{k} {v}' for k, v in s['onnx']['weight_types'].items())} weights, "
                    f"{s['onnx']['activation_qdq']} activation Q/DQ), {len(s['layers']['float_layers'])} Linear left in float")
-    if s["fidelity"]:
-        from edgeattn.quantize.fidelity import report_lines
+    if s["fidelity"]:  # the measurement itself went to the progress lines
+        from edgeattn.quantize.fidelity import far_warning
 
-        for line in report_lines(s["fidelity"], "quantize", f"{steps} QAT steps"):
-            click.echo(line)
+        warning = far_warning(s["fidelity"], "quantize", f"{steps} QAT steps")
+        if warning:
+            click.echo(warning)

@@ -51,7 +51,7 @@ def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gem
              skip, lr, batch, seq_len, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf,
              min_cosine, max_ppl_increase):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
-    from edgeattn.quantize.fidelity import report_lines
+    from edgeattn.quantize.fidelity import far_warning
     from edgeattn.quantize.sparsity.masks import SparsityConfig
     from edgeattn.quantize.sparsity.pipeline import SIDECAR_SUFFIX, SparsifyJob, run_sparsify
 
@@ -70,5 +70,6 @@ def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gem
                f"and {out.name}{SIDECAR_SUFFIX}")
     steps_run = section.get("finetune", {}).get("steps_run", 0)
     ran = f"{steps_run} fine-tuning steps" + (f", then {qat_steps} {qat} QAT steps" if qat else "")
-    for line in report_lines(section["fidelity"], "sparsify", ran):
-        click.echo(line)
+    warning = far_warning(section["fidelity"], "sparsify", ran)  # the measurement went to the progress lines
+    if warning:
+        click.echo(warning)
