@@ -22,40 +22,68 @@ from types import ModuleType
 import numpy as np
 
 PLUGIN_NAME = "WindowedAttention"
+CACHED_PLUGIN_NAME = "CachedWindowedAttention"  # the cached form (decoders): edgeattn/attention/cached_function.py
 PLUGIN_NAMESPACE = "edgeattn"
 PLUGIN_VERSION = "1"
 # attribute -> (numpy dtype, default); scale 0 means 1/sqrt(D) (docs/windowed-attention.md)
 FIELDS: dict[str, tuple[type, float]] = {"causal": (np.int32, 1), "sinks": (np.int32, 0), "scale": (np.float32, 0.0)}
+CACHED_FIELDS: dict[str, tuple[type, float]] = {"sinks": (np.int32, 0), "scale": (np.float32, 0.0)}
 
-_CLASSES: dict[str, tuple[type, type]] = {}
-_CREATORS: dict[str, object] = {}  # registered creators, kept alive for the registry
+
+def _plain_formats(trt, pos, in_out, num_inputs) -> bool:
+    """q, k, v, out: one float type; window: int scalar; key_padding_mask: bool or int."""
+    desc = in_out[pos].desc
+    if pos == 3:
+        return desc.type in (trt.int64, trt.int32)
+    if pos == 4 and num_inputs == 5:
+        return desc.type in (trt.bool, trt.int64, trt.int32)
+    return desc.type in (trt.float32, trt.float16, trt.bfloat16) and desc.type == in_out[0].desc.type
+
+
+def _cached_formats(trt, pos, in_out, num_inputs) -> bool:
+    """q, q_sink, k, v, past_key, past_value, out: one float type; cache_position, window: int64."""
+    desc = in_out[pos].desc
+    if pos in (6, 7):
+        return desc.type == trt.int64
+    return desc.type in (trt.float32, trt.float16, trt.bfloat16) and desc.type == in_out[0].desc.type
+
+
+# plugin name -> (fields, format rule, enqueue)
+SPECS: dict[str, tuple[dict, object, str]] = {
+    PLUGIN_NAME: (FIELDS, _plain_formats, "_enqueue_torch"),
+    CACHED_PLUGIN_NAME: (CACHED_FIELDS, _cached_formats, "_enqueue_cached"),
+}
+
+_CLASSES: dict[tuple[str, str], tuple[type, type]] = {}
+_CREATORS: dict[tuple[str, str], object] = {}  # registered creators, kept alive for the registry
 
 
 def _field_type(trt: ModuleType, dtype: type):
     return trt.PluginFieldType.INT32 if dtype is np.int32 else trt.PluginFieldType.FLOAT32
 
 
-def plugin_classes(trt: ModuleType) -> tuple[type, type]:
-    """(plugin class, creator class) bound to `trt` (tensorrt_rtx or tensorrt); made once per library."""
-    if trt.__name__ in _CLASSES:
-        return _CLASSES[trt.__name__]
+def plugin_classes(trt: ModuleType, name: str = PLUGIN_NAME) -> tuple[type, type]:
+    """(plugin class, creator class) of plugin `name` bound to `trt` (tensorrt_rtx or tensorrt); made once."""
+    if (trt.__name__, name) in _CLASSES:
+        return _CLASSES[(trt.__name__, name)]
+    fields, formats, enqueue_name = SPECS[name]
 
-    class WindowedAttentionPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild,
-                                  trt.IPluginV3OneRuntime):
-        def __init__(self, causal: int = 1, sinks: int = 0, scale: float = 0.0) -> None:
+    class AttentionPlugin(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
+        def __init__(self, **values) -> None:
             trt.IPluginV3.__init__(self)
             trt.IPluginV3OneCore.__init__(self)
             trt.IPluginV3OneBuild.__init__(self)
             trt.IPluginV3OneRuntime.__init__(self)
             self.num_outputs = 1
-            self.plugin_name, self.plugin_namespace, self.plugin_version = PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
-            self.causal, self.sinks, self.scale = int(causal), int(sinks), float(scale)
+            self.plugin_name, self.plugin_namespace, self.plugin_version = name, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            for key, (dtype, default) in fields.items():
+                setattr(self, key, (int if dtype is np.int32 else float)(values.get(key, default)))
 
         def get_capability_interface(self, kind):
             return self
 
         def clone(self):
-            return WindowedAttentionPlugin(self.causal, self.sinks, self.scale)
+            return AttentionPlugin(**{k: getattr(self, k) for k in fields})
 
         # build time
         def get_output_data_types(self, input_types):
@@ -65,15 +93,9 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
             return [inputs[0]]  # out: [B, H, S_q, D], like q
 
         def supports_format_combination(self, pos, in_out, num_inputs):
-            desc = in_out[pos].desc
-            if desc.format != trt.TensorFormat.LINEAR:
+            if in_out[pos].desc.format != trt.TensorFormat.LINEAR:
                 return False
-            if pos == 3:  # window: int64 scalar
-                return desc.type in (trt.int64, trt.int32)
-            if pos == 4 and num_inputs == 5:  # key_padding_mask
-                return desc.type in (trt.bool, trt.int64, trt.int32)
-            # q, k, v, out: one float type
-            return desc.type in (trt.float32, trt.float16, trt.bfloat16) and desc.type == in_out[0].desc.type
+            return formats(trt, pos, in_out, num_inputs)
 
         def configure_plugin(self, inputs, outputs):
             pass
@@ -81,8 +103,8 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
         def get_fields_to_serialize(self):
             # must not raise: TensorRT silently drops the fields when it does
             return trt.PluginFieldCollection([
-                trt.PluginField(name, np.array([getattr(self, name)], dtype=dtype), _field_type(trt, dtype))
-                for name, (dtype, _) in FIELDS.items()])
+                trt.PluginField(key, np.array([getattr(self, key)], dtype=dtype), _field_type(trt, dtype))
+                for key, (dtype, _) in fields.items()])
 
         # run time
         def on_shape_change(self, inputs, outputs):
@@ -95,34 +117,37 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
             pass
 
         def enqueue(self, input_desc, output_desc, inputs, outputs, workspace, stream):
-            _enqueue_torch(self, input_desc, output_desc, inputs, outputs, stream)
+            globals()[enqueue_name](self, input_desc, output_desc, inputs, outputs, stream)
 
-    class WindowedAttentionCreator(trt.IPluginCreatorV3One):
+    class AttentionCreator(trt.IPluginCreatorV3One):
         def __init__(self) -> None:
             trt.IPluginCreatorV3One.__init__(self)
-            self.name, self.plugin_namespace, self.plugin_version = PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self.name, self.plugin_namespace, self.plugin_version = name, PLUGIN_NAMESPACE, PLUGIN_VERSION
             self.field_names = trt.PluginFieldCollection([
-                trt.PluginField(name, np.array([]), _field_type(trt, dtype)) for name, (dtype, _) in FIELDS.items()])
+                trt.PluginField(key, np.array([]), _field_type(trt, dtype)) for key, (dtype, _) in fields.items()])
 
-        def create_plugin(self, name, fields, phase):
-            given = {f.name: f.data for f in fields}
-            values = {k: (given[k][0] if k in given and len(given[k]) else default)
-                      for k, (_, default) in FIELDS.items()}
-            return WindowedAttentionPlugin(**values)
+        def create_plugin(self, plugin_name, plugin_fields, phase):
+            given = {f.name: f.data for f in plugin_fields}
+            return AttentionPlugin(**{k: (given[k][0] if k in given and len(given[k]) else default)
+                                      for k, (_, default) in fields.items()})
 
-    _CLASSES[trt.__name__] = (WindowedAttentionPlugin, WindowedAttentionCreator)
-    return _CLASSES[trt.__name__]
+    AttentionPlugin.__name__, AttentionCreator.__name__ = f"{name}Plugin", f"{name}Creator"
+    _CLASSES[(trt.__name__, name)] = (AttentionPlugin, AttentionCreator)
+    return _CLASSES[(trt.__name__, name)]
 
 
 def register(trt: ModuleType) -> bool:
-    """Register the creator with `trt`'s plugin registry (once); True when it is registered."""
+    """Register both creators (the op and its cached form) with `trt`'s plugin registry, once each."""
     registry = trt.get_plugin_registry()
-    if registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE) is not None:
-        return True
-    _, creator_cls = plugin_classes(trt)
-    creator = creator_cls()
-    _CREATORS[trt.__name__] = creator
-    return bool(registry.register_creator(creator, PLUGIN_NAMESPACE))
+    ok = True
+    for name in SPECS:
+        if registry.get_creator(name, PLUGIN_VERSION, PLUGIN_NAMESPACE) is not None:
+            continue
+        _, creator_cls = plugin_classes(trt, name)
+        creator = creator_cls()
+        _CREATORS[(trt.__name__, name)] = creator
+        ok = bool(registry.register_creator(creator, PLUGIN_NAMESPACE)) and ok
+    return ok
 
 
 # TensorRT DataType -> (torch dtype name, CUDA array interface typestr of a same-sized type)
@@ -154,4 +179,27 @@ def _enqueue_torch(plugin, input_desc, output_desc, inputs, outputs, stream) -> 
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
         result = torch.ops.edgeattn.windowed_attention(q, k, v, window, mask, bool(plugin.causal),
                                                        int(plugin.sinks), float(plugin.scale))
+        out.copy_(result)
+
+
+def _enqueue_cached(plugin, input_desc, output_desc, inputs, outputs, stream) -> None:
+    """The cached form: the chunk's keys and values are written into the cache buffers in place (the runtime
+    binds its persistent cache there), then attention reads sinks + window rows (not run here: no RTX GPU)."""
+    import torch
+
+    from edgeattn.attention.cached_torch import cached_windowed_attention, write_ring_
+
+    q, q_sink, k, v, past_k, past_v, pos, window = (device_view(ptr, tuple(d.dims), str(d.type))
+                                                    for d, ptr in zip(input_desc, inputs))
+    out = device_view(outputs[0], tuple(output_desc[0].dims), str(output_desc[0].type))
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
+        if q.shape[2] == 1:
+            from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+            write_ring_(past_k, past_v, k, v, pos, plugin.sinks)
+            result = cached_decode(q, q_sink, past_k, past_v, pos, window, sinks=plugin.sinks, scale=plugin.scale)
+        else:
+            result = cached_windowed_attention(q, q_sink, k, v, past_k, past_v, pos, window, sinks=plugin.sinks,
+                                               scale=plugin.scale)
+            write_ring_(past_k, past_v, k, v, pos, plugin.sinks)
         out.copy_(result)

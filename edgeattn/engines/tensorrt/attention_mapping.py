@@ -1,4 +1,5 @@
-"""Where each `edgeattn::WindowedAttention` node goes in a TensorRT build: the plugin, or the portable body.
+"""Where each `edgeattn::WindowedAttention` node (and its cached form, `CachedWindowedAttention`, in decoders)
+goes in a TensorRT build: the plugin, or the portable body.
 
 The plugin form of a node is the same node with `plugin_namespace="edgeattn"` (the ONNX parser then
 asks the plugin registry first); without it the parser inlines the node's ONNX local function.
@@ -11,16 +12,28 @@ import onnx_ir as ir
 
 from edgeattn.errors import BuildError
 
-DOMAIN, OP = "edgeattn", "WindowedAttention"
+DOMAIN, OP, CACHED_OP = "edgeattn", "WindowedAttention", "CachedWindowedAttention"
 PLUGIN_ATTR = "plugin_namespace"
 
 
 def attention_nodes(graph: ir.Graph) -> list[ir.Node]:
-    return [n for n in graph.all_nodes() if n.domain == DOMAIN and n.op_type == OP]
+    return [n for n in graph.all_nodes() if n.domain == DOMAIN and n.op_type in (OP, CACHED_OP)]
+
+
+def _cached_misfit(node: ir.Node) -> str | None:
+    if len(node.inputs) != 8:
+        return (f"expected 8 inputs (q, q_sink, k, v, past_key, past_value, cache_position, window), "
+                f"found {len(node.inputs)}")
+    for value in node.inputs[6:]:
+        if value is not None and value.dtype is not None and value.dtype != ir.DataType.INT64:
+            return f"{value.name} is {value.dtype.name}: the plugin takes int64 positions and window"
+    return None
 
 
 def _misfit(node: ir.Node) -> str | None:
     """Why the plugin cannot take this node, or None."""
+    if node.op_type == CACHED_OP:
+        return _cached_misfit(node)
     if len(node.inputs) not in (4, 5):
         return f"expected 4 or 5 inputs (q, k, v, window[, key_padding_mask]), found {len(node.inputs)}"
     for name, value in zip(("q", "k", "v"), node.inputs[:3]):
@@ -34,10 +47,11 @@ def _misfit(node: ir.Node) -> str | None:
 
 def map_attention(model: ir.Model, use_plugin: bool, why_not: str = "") -> list[dict]:
     """Mark each attention node for the plugin or the body (in place); one record per node."""
-    has_body = any(f.domain == DOMAIN and f.name == OP for f in model.functions.values())
+    bodies = {f.name for f in model.functions.values() if f.domain == DOMAIN}
     records = []
     for i, node in enumerate(attention_nodes(model.graph)):
         node.name = node.name or f"windowed_attention_{i}"
+        has_body = node.op_type in bodies
         reason = _misfit(node) if use_plugin else (why_not or "the target has no attention plugin")
         if reason is None:
             node.attributes[PLUGIN_ATTR] = ir.AttrString(PLUGIN_ATTR, DOMAIN)
@@ -46,6 +60,6 @@ def map_attention(model: ir.Model, use_plugin: bool, why_not: str = "") -> list[
         node.attributes.pop(PLUGIN_ATTR, None)
         if not has_body:
             raise BuildError(f"attention node {node.name!r} cannot go to the plugin ({reason}) and the model has "
-                             f"no {DOMAIN}::{OP} local function to fall back on")
+                             f"no {DOMAIN}::{node.op_type} local function to fall back on")
         records.append({"node": node.name, "to": "body", "reason": reason})
     return records
