@@ -117,7 +117,8 @@ def init_distributed() -> tuple[int, int]:
     from edgeattn.gpu import torch_cuda_available
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if torch_cuda_available() else "gloo")
+        # gloo for CPU tensors, nccl for CUDA ones: a CPU run on a GPU machine needs gloo too
+        torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if torch_cuda_available() else "gloo")
     return _dist()
 
 
