@@ -198,3 +198,32 @@ def test_cli_generates_and_streams(tiny_decoder, runner):
     assert data["usage"]["completion_tokens"] == len(data["tokens"]) <= 8
     streamed = runner.invoke(cli, ["generate", str(path), "--prompt", "Edge devices", "--max-tokens", "8", "--stream"])
     assert streamed.exit_code == 0 and data["text"] in streamed.stdout
+
+
+def test_a_trained_sliding_window_is_kept(tmp_path):
+    """A Mistral-style model (sliding_window 16): the export takes that ring and no sinks, and a 40-token
+    stream through the bundle gives Hugging Face's logits, the window included."""
+    import torch
+    import transformers
+
+    from decoder_fixtures import tiny_llama
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+    from edgeattn.runtime.generation.generator import Generator
+
+    _, tok = tiny_llama()
+    config = transformers.MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+                                        max_position_embeddings=256, attn_implementation="eager")
+    torch.manual_seed(1)
+    model = transformers.MistralForCausalLM(config).eval()
+    onnx_path = export_decoder_model(model, tok, tmp_path / "mistral.onnx", DecoderExportConfig(sinks=4))
+    bundle = build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 16), dims=(("cache", (8, 16, 16)),)))
+    assert bundle.manifest.sections["decoder"]["window_max"] == 16 and bundle.manifest.sections["decoder"]["sinks"] == 0
+    ids = list(range(500, 540))
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    with Generator.open(bundle.path) as gen:
+        cache = gen.model.new_cache(1)
+        got = [gen.model.step(cache, [0], np.array([ids[a:b]]), 0)[0] for a, b in ((0, 10), (10, 26), (26, 40))]
+    assert np.abs(np.concatenate(got) - want).max() < 1e-3

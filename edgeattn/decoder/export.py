@@ -82,8 +82,8 @@ def export_decoder_model(model, tokenizer, out: str | Path,
     from edgeattn.decoder.cached_llama import CachedDecoder
 
     trained = getattr(model.config, "sliding_window", None)
-    if trained and config.window_max > trained:  # a model trained with a sliding window keeps it
-        config = DecoderExportConfig(**{**asdict(config), "window_max": int(trained)})
+    if trained:  # a model trained with a sliding window (Mistral-style) keeps it: that ring, no sinks
+        config = DecoderExportConfig(**{**asdict(config), "window_max": int(trained), "sinks": 0})
     wrapper = CachedDecoder(model, config.sinks).eval()
     layers = len(wrapper.layers)
     b, s, cap = 2, config.example_seq, config.sinks + 32  # not 1: torch.export specialises dims of size 1
