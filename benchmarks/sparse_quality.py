@@ -22,8 +22,10 @@ import torch
 
 from edgeattn import hf_models
 from edgeattn.quantize.distillation import distill, sparsity_finetune
+from edgeattn.quantize.fidelity import embeddings as pooled_embeddings
+from edgeattn.quantize.fidelity import torch_forward
 from edgeattn.quantize.sparsity.masks import SparsityConfig, is_two_four, masked_layers, sparsify_
-from edgeattn.text import polarity_sentences, read_texts, stream_batches
+from edgeattn.text import eval_batches, polarity_sentences, read_texts, stream_batches
 from edgeattn.text import sentences as data_sentences
 
 HELD_OUT_DOCS = 30
@@ -71,16 +73,11 @@ def pydoc_documents() -> list[str]:
     return out
 
 
-@torch.no_grad()
 def embeddings(model, tok, sentences: list[str]) -> torch.Tensor:
-    out = []
-    for i in range(0, len(sentences), 32):
-        batch = tok(sentences[i:i + 32], padding=True, truncation=True, max_length=128, return_tensors="pt")
-        batch = {k: v.to(next(model.parameters()).device) for k, v in batch.items()}
-        h = model(**batch).last_hidden_state  # [B, S, H]
-        m = batch["attention_mask"].unsqueeze(-1).float()
-        out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1))
-    return torch.cat(out)
+    """Normalised mean-pooled sentence embeddings [N, H] (edgeattn.quantize.fidelity), 32 sentences a batch."""
+    run, device = torch_forward(model, "encoder"), next(model.parameters()).device
+    return pooled_embeddings(lambda b: run({k: v.to(device) for k, v in b.items()}).cpu(),
+                             eval_batches(tok, sentences, 32, 128))
 
 
 @torch.no_grad()
