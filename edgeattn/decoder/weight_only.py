@@ -62,6 +62,7 @@ def quantize_weights_int4(src: str | Path, dst: str | Path, block: int = 32, *,
     os.close(fd)
     try:
         onnx.save(quantized, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the staging file, not the result
         os.replace(tmp, dst)
     finally:
         if os.path.exists(tmp):
@@ -71,8 +72,11 @@ def quantize_weights_int4(src: str | Path, dst: str | Path, block: int = 32, *,
 
 def quantize_model_int4(model, config: WeightOnlyConfig = WeightOnlyConfig()):
     """A ModelProto -> a new ModelProto with MatMulNBits weights and the metadata that says so."""
+    import logging
+
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
     model = _fold_weight_transposes(model)
     before = sum(1 for n in model.graph.node if n.op_type == "MatMul")
     quantizer = MatMulNBitsQuantizer(model, bits=config.bits, block_size=config.block,

