@@ -140,3 +140,17 @@ def test_decoder_bundle_is_a_decoupled_python_model_with_text_tensors(tiny_decod
     assert config.instance_group[0].count == 2 and not config.HasField("dynamic_batching")
     assert "get_response_sender" in (folder / "1" / "model.py").read_text()  # the decoupled model
     assert (folder / "1" / "bundle" / "tokenizer.json").is_file()
+
+
+def test_python_environment_puts_the_folders_first_in_order_with_their_pth_files(tmp_path, monkeypatch):
+    import sys
+
+    from edgeattn.tritonserver.python_environment import add
+
+    first, second, extra = tmp_path / "numpy1", tmp_path / "site-packages", tmp_path / "editable"
+    for folder in (first, second, extra):
+        folder.mkdir()
+    (second / "project.pth").write_text(f"{extra}\n")  # an editable install's path file
+    monkeypatch.setattr(sys, "path", ["/usr/lib/python3.11", str(second)])  # already there: moved to the front
+    add([str(first), str(second)])
+    assert sys.path == [str(first), str(second), str(extra), "/usr/lib/python3.11"]

@@ -8,6 +8,7 @@ backend that `edgeattn serve` runs; a decoder repository streams, through /gener
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import sys
 import sysconfig
@@ -26,12 +27,15 @@ from edgeattn.tritonserver.repository import TritonConfig, export_triton
 from edgeattn.tritonserver.wheel_server import ServerPorts, WheelServer
 
 SERVER = WheelServer.find()
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the stub for this Python embeds the system libpython<PY>
 STUB_SITE = Path(sys.prefix) / "tritonserver-site"  # numpy < 2 for the server's Python (scripts/setup.sh)
 READY_S = 90
 
 pytestmark = [
     pytest.mark.skipif(SERVER is None, reason="needs the nvidia-pytriton wheel (tritonserver; scripts/setup.sh "
                                               "installs it on Linux x86_64)"),
+    pytest.mark.skipif(ctypes.util.find_library(f"python{PY}") is None,
+                       reason=f"the Python-backend stub for {PY} needs the system libpython{PY} (libpython{PY} package)"),
     pytest.mark.skipif(not (STUB_SITE / "numpy").is_dir(), reason=f"needs numpy<2 in {STUB_SITE} for the server's "
                                                                    "Python (scripts/setup.sh puts it there)"),
 ]

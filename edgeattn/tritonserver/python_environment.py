@@ -29,12 +29,14 @@ def folders(config_text: str) -> list[str]:
 
 
 def add(paths: list[str]) -> None:
-    """Each path as a site directory, all of them (with what their .pth files add) in front of sys.path, in order."""
-    before = list(sys.path)
-    for path in paths:
+    """Each path as a site directory; each, followed by what its .pth files add, goes in front of sys.path, in order."""
+    front: list[str] = []
+    for path in map(os.path.abspath, paths):
+        before = set(sys.path)
         site.addsitedir(path)
-    added = [p for p in sys.path if p not in before]
-    sys.path[:] = added + [p for p in sys.path if p not in added]
+        front += [path] + [p for p in sys.path if p not in before and p != path]
+    front = list(dict.fromkeys(front))
+    sys.path[:] = front + [p for p in sys.path if p not in front]
 
 
 def use(model_file: str) -> list[str]:
