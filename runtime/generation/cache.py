@@ -52,6 +52,14 @@ class KVCache:
         s = presents[0].shape[2]
         if s > self.layout.window_max:
             raise ConfigError(f"a chunk of {s} tokens is longer than the ring ({self.layout.window_max} rows)")
+        if s == 1 and len(set(streams)) == len(streams):  # decode steps: one assignment per layer for all streams
+            rows = np.asarray(streams, dtype=np.int64)
+            slots = self.layout.slots(self.positions[rows])
+            for layer in range(len(self.keys)):
+                self.keys[layer][rows, :, slots] = presents[2 * layer][:, :, 0]  # [B, H_kv, D]
+                self.values[layer][rows, :, slots] = presents[2 * layer + 1][:, :, 0]
+            self.positions[rows] += 1
+            return
         for row, stream in enumerate(streams):
             n = int(self.positions[stream])
             slots = self.layout.slots(np.arange(n, n + s))
