@@ -15,7 +15,8 @@ PY=.venv/bin/python
 [ -x .venv-bench/bin/python ] || "$PY" -m venv .venv-bench
 MAIN_SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 BENCH_SITE=$(.venv-bench/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$MAIN_SITE" > "$BENCH_SITE/_edgeattn_main_venv.pth"
+# addsitedir (not a bare path line) so .venv's own .pth files run too: edgeattn is an editable install there.
+echo "import site; site.addsitedir('$MAIN_SITE')" > "$BENCH_SITE/_edgeattn_main_venv.pth"
 
 PIP=".venv-bench/bin/python -m pip"
 # --no-deps for both: their dependencies (numpy, onnxruntime) come from .venv, at the versions edgeattn uses.
