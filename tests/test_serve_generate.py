@@ -301,3 +301,34 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_decoder):
         finally:
             running.close()
             queued.close()
+
+
+class _FakeController:
+    """A thermal controller that reports a fixed temperature (the window is set by the test)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def metrics_snapshot(self) -> dict:
+        return {"temp_c": 71.5, "throttle": 0}
+
+
+def test_chunks_carry_the_device_temperature(tiny_decoder):
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.server.app import create_app
+    from edgeattn.runtime.server.runner import BackgroundServer
+    from edgeattn.runtime.server.settings import ServeSettings
+
+    app = create_app([open_bundle(tiny_decoder[3])], ServeSettings(port=0, warmup_runs=0, window=16), names=["dec"],
+                     controller=_FakeController(), sensors=False)
+    with BackgroundServer(app) as url:
+        wait_ready_http(url)
+        status, events, _ = sse(url, "/v1/chat/completions", {"model": "dec", "max_tokens": 5, "stream": True,
+                                                               "messages": [{"role": "user", "content": "Hi"}]})
+        status2, doc, _ = post_json(url, "/v2/models/dec/generate", {"text_input": "Hi", "max_tokens": 3})
+    assert status == 200 and status2 == 200
+    for params in [e["parameters"] for e in events[1:-1]] + [doc["parameters"]]:
+        assert params == {"attention_window": 16, "device_temp_c": 71.5, "device_throttle": 0}
