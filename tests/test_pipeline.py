@@ -279,3 +279,71 @@ def test_unchanged_rerun_is_fast_and_a_build_option_reruns_only_that_build(kille
     assert (work / "sparsify" / "stage.json").read_text() == records["sparsify"]
     manifest = json.loads((work / "build-cpu" / "bundle" / "manifest.json").read_text())
     assert manifest["shape_ranges"]["seq"] == [1, 16, 128] and manifest["sections"]["parity"]["status"] == "pass"
+
+
+TINY_BERT = """[pipeline]
+name = "tiny-bert"
+
+[[stage]]
+kind = "export"
+model = "bert"
+seq_len = 8
+
+[[stage]]
+kind = "build"
+name = "build-float"
+target = "cpu"
+seq = [1, 16, 64]
+
+[[stage]]
+kind = "quantize"
+model = "bert"
+config = "w8a8"
+calib = "calib.txt"
+steps = 2
+batch_size = 8
+seq_len = 16
+calib_batches = 1
+
+[[stage]]
+kind = "build"
+name = "build-w8a8"
+target = "cpu"
+seq = [1, 16, 64]
+"""
+
+
+@requires_torch
+@requires_minilm
+@pytest.mark.torch
+@pytest.mark.slow
+def test_export_and_quantize_stages_on_a_tiny_bert(tmp_path):
+    """The export and quantize stages run their functions for real (a 1-layer BERT keeps it short)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from edgeattn import hf_models
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128)
+    transformers.BertModel(config).save_pretrained(tmp_path / "bert")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (hf_models.resolve("minilm") / name).is_file():
+            shutil.copy(hf_models.resolve("minilm") / name, tmp_path / "bert" / name)
+    minilm_recipe(tmp_path)  # for its calib.txt
+    path = tmp_path / "tiny-bert.toml"
+    path.write_text(TINY_BERT)
+    records = run(load(path))
+    assert list(records) == ["export", "build-float", "quantize", "build-w8a8"]
+    work = tmp_path / "tiny-bert.pipeline"
+    float_bundle = json.loads((work / "build-float" / "bundle" / "manifest.json").read_text())
+    assert float_bundle["sections"]["parity"]["max_abs_diff"] <= 1e-4
+    assert [e["name"] for e in float_bundle["sections"]["pipeline"]] == ["export", "build-float"]
+    assert records["quantize"].summary["quantized_matmuls"] == 6  # q, k, v, o, intermediate, output
+    assert records["quantize"].inputs["option calib"] == sha256_file(tmp_path / "calib.txt")
+    w8a8 = json.loads((work / "build-w8a8" / "bundle" / "manifest.json").read_text())
+    assert w8a8["sections"]["parity"]["status"] == "pass" and w8a8["precision"]["qdq_nodes"] > 0
+    assert [e["name"] for e in w8a8["sections"]["pipeline"]] == ["quantize", "build-w8a8"]

@@ -186,7 +186,8 @@ class QuantizeStage:
         section = run_quantize(job, progress=run.progress).section
         onnx = section.get("onnx") or {}
         return {"config": section["config"].get("name", job.config.name), "steps": section["steps"],
-                "loss_last": section["loss_last"], "quantized_matmuls": onnx.get("quantized_matmuls")}
+                "loss_last": section["loss_last"], "quantized_matmuls": onnx.get("quantized_matmuls"),
+                "fidelity": section.get("fidelity")}
 
 
 class BuildStage:
