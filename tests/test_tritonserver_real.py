@@ -150,3 +150,30 @@ def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path,
                                               "top_p": 0.9, "seed": 7, "stop": [stop]})
     assert _tokens(events) == stopped.tokens and "".join(e["text_output"] for e in events) == stopped.text
     assert events[-1]["finish_reason"] == "stop"
+    assert _grpc_stream_tokens(server, "dec", prompts[0], 12) == expected[0].tokens
+
+
+def _grpc_stream_tokens(server, model: str, prompt: str, max_tokens: int) -> list[int]:
+    """The same model through gRPC streaming (tritonclient.grpc): tokens until the response with a finish reason."""
+    import queue
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    limit = grpcclient.InferInput("max_tokens", [1], "INT32")
+    limit.set_data_from_numpy(np.array([max_tokens], dtype=np.int32))
+    client.async_stream_infer(model, [text, limit])
+    tokens = []
+    try:
+        while True:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            tokens += result.as_numpy("token_ids").tolist()
+            if result.as_numpy("finish_reason")[0]:
+                return tokens
+    finally:
+        client.stop_stream()
+        client.close()
