@@ -25,7 +25,7 @@ def _rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _rope(x, cos, sin):
+def apply_rope(x, cos, sin):
     """x: [B, H, S, D]; cos, sin: [B, S, D]."""
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
@@ -66,7 +66,7 @@ class CachedDecoder(torch.nn.Module):
             v = attn.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
             if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q_t, q_s, k_t = _rope(q, cos, sin), _rope(q, cos_s, sin_s), _rope(k, cos, sin)
+            q_t, q_s, k_t = apply_rope(q, cos, sin), apply_rope(q, cos_s, sin_s), apply_rope(k, cos, sin)
             o = cached_windowed_attention(q_t, q_s, k_t, v, past[2 * i], past[2 * i + 1], cache_position, window,
                                           sinks=self.sinks, scale=self.scale)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))

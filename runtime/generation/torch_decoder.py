@@ -124,7 +124,7 @@ class TorchDecoderModel:
     # -- decode: one token per stream, the first B streams of the cache, through the Triton kernel --------
     def _decode_forward(self, cache, ids, pos, window_t, window_keys: int):
         from edgeattn.attention.cached_torch import write_ring_
-        from edgeattn.decoder.cached_llama import _rope
+        from edgeattn.decoder.cached_llama import apply_rope
         from edgeattn.plugins.kernels.cached_decode import cached_decode
 
         torch, dec = self.torch, self.decoder
@@ -145,8 +145,8 @@ class TorchDecoderModel:
             if hasattr(attn, "q_norm"):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             kc, vc = cache.keys[i][:b], cache.values[i][:b]
-            write_ring_(kc, vc, _rope(k, cos, sin), v, pos, self.layout.sinks)
-            o = cached_decode(_rope(q, cos, sin), _rope(q, cos_s, sin_s), kc, vc, pos, window_t,
+            write_ring_(kc, vc, apply_rope(k, cos, sin), v, pos, self.layout.sinks)
+            o = cached_decode(apply_rope(q, cos, sin), apply_rope(q, cos_s, sin_s), kc, vc, pos, window_t,
                               sinks=self.layout.sinks, scale=dec.scale, window_keys=window_keys)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(b, 1, dec.heads * dec.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -1,0 +1,41 @@
+"""Quantized decoders: a fake-quantized (QAT) Llama-family model exported with the cache, as Q/DQ ONNX.
+
+The same decoder export (`export_decoder_model`) with every QuantLinear frozen for export, so each becomes
+MatMul(DQ(Q(x)), DQ(W)) as in `edgeattn.quantize.qdq_export`; INT4 weights are packed after the export.
+`edgeattn build` then lowers it for the target (cpu: integer MatMuls, or MatMulNBits for INT4)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+from edgeattn.errors import BuildError
+
+
+def export_decoder_qdq(model, tokenizer, out: str | Path, config: DecoderExportConfig = DecoderExportConfig()) -> dict:
+    """Write the Q/DQ decoder ONNX of a fake-quantized model; returns the Q/DQ structure summary."""
+    import onnx
+    import onnx_ir as ir
+
+    from edgeattn import atomic
+    from edgeattn.quantize.api import quant_linears
+    from edgeattn.quantize.qdq_export import export_opset, pack_int4, qdq_summary
+
+    layers = quant_linears(model)
+    if not layers:
+        raise BuildError("export_decoder_qdq: the model has no quantized layers; call quantize_ and calibrate first")
+    for _, m in layers:
+        m.freeze_for_export()
+    try:
+        path = export_decoder_model(model, tokenizer, out, replace(config, opset=max(config.opset, export_opset(model))))
+    finally:
+        for _, m in layers:
+            m.exporting = False
+    ir_model = ir.serde.deserialize_model(onnx.load(str(path)))
+    summary = {**qdq_summary(ir_model), "int4_packed": pack_int4(ir_model)}
+    if summary["quantized_matmuls"] != summary["weight_dq"] or summary["weight_dq"] < len(layers) - 1:
+        raise BuildError(f"decoder Q/DQ export: expected every quantized Linear ({len(layers)}) as DQ -> MatMul, "
+                         f"found {summary['weight_dq']} weight DQ and {summary['quantized_matmuls']} quantized MatMuls")
+    atomic.write_bytes(Path(path), ir.serde.serialize_model(ir_model).SerializeToString())
+    return summary
