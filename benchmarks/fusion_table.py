@@ -6,7 +6,8 @@ For each row it exports the packaged model (MiniLM: all-MiniLM-L6-v2, 6 layers; 
 30 layers) with the named exporter, opset and transformers attention implementation, builds a cpu bundle
 (not strict: the table reports what was left) and prints a markdown table: attention blocks fused,
 GELUs fused (or written as the opset-20 Gelu op), the opset upgrade, and parity against the exported
-file. SmolLM2 uses SiLU, so its GELU column is "-". Takes about 25 minutes on 2 CPU cores.
+file. SmolLM2 uses SiLU, so its GELU column is "-". Took 45 minutes on a busy 2-core machine (the dynamo
+exports of SmolLM2 most of it); docs/attention-fusion.md holds the table.
 """
 
 from __future__ import annotations
