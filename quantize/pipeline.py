@@ -33,6 +33,9 @@ class QuantizeJob:
     smooth_alpha: float | None = None  # SmoothQuant-style scaling before W8A8 / FP8 (Llama-family decoders)
     min_cosine: float | None = None  # encoders: fail below this mean embedding cosine on held-out text
     max_ppl_increase: float | None = None  # decoders: fail above this perplexity increase, in percent
+    decoder: bool = False  # export a decoder for generation (the KV cache as inputs/outputs, edgeattn.decoder)
+    sinks: int = 4  # decoder: first tokens kept for the whole stream
+    window_max: int = 2048  # decoder: the ring's default size
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -121,6 +124,15 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
         section["fidelity"] = measured
         progress(f"fidelity: {describe(measured)}")
         check_floor(measured, "quantize", job.min_cosine, job.max_ppl_increase)
-        section["onnx"] = export_qdq(model, kind, job.out)
+        if job.decoder:
+            if kind != "decoder":
+                raise ConfigError(f"decoder: expected a causal LM, found an {kind} ({job.model})")
+            from edgeattn.decoder.export import DecoderExportConfig
+            from edgeattn.decoder.qdq import export_decoder_qdq
+
+            section["onnx"] = export_decoder_qdq(model, tok, job.out, DecoderExportConfig(sinks=job.sinks,
+                                                                                        window_max=job.window_max))
+        else:
+            section["onnx"] = export_qdq(model, kind, job.out)
         progress(f"wrote {job.out}: {section['onnx']['quantized_matmuls']} quantized MatMuls")
     return QuantizeResult(section, model, teacher, tok, kind)

@@ -45,3 +45,24 @@ def test_quantized_decoder_bundle_generates(config_name, tmp_path):
     cos = (got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))
     assert cos.min() > 0.99, cos.min()  # integer kernels round activations a step differently from Q/DQ in float
     assert 1 <= result.completion_tokens <= 6
+
+
+def test_quantize_cli_writes_a_decoder(tmp_path, runner):
+    from decoder_fixtures import tiny_llama
+    from edgeattn.cli.main import cli
+
+    model, tok = tiny_llama()
+    model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "q.onnx"
+    result = runner.invoke(cli, ["quantize", "--model", str(tmp_path / "hf"), "--config", "w8a8", "--steps", "0",
+                                 "--batch-size", "2", "--seq-len", "16", "--decoder",
+                                 "--window-max", "48", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    import onnx
+
+    m = onnx.load(str(out), load_external_data=False)
+    names = [i.name for i in m.graph.input]
+    assert names[:3] == ["input_ids", "cache_position", "attention_window"] and "past_key_values.1.key" in names
+    assert sum(n.op_type == "DequantizeLinear" for n in m.graph.node) >= 14
+    assert any(p.key == "edgeattn.decoder" for p in m.metadata_props)

@@ -31,9 +31,13 @@ from edgeattn.quantize.config import config_names
                    "on held-out text.")
 @click.option("--max-ppl-increase", type=float, default=None,
               help="Decoders: fail (exit 7, nothing written) above this perplexity increase on held-out text, in percent.")
+@click.option("--decoder", is_flag=True, help="Export a decoder for generation (the KV cache as inputs and outputs, "
+              "as `edgeattn export MODEL --decoder`).")
+@click.option("--sinks", default=4, show_default=True, help="--decoder: first tokens kept for the whole stream.")
+@click.option("--window-max", default=2048, show_default=True, help="--decoder: the ring's default size.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output Q/DQ .onnx file.")
 def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, lr, scale_lr, checkpoint_dir,
-             smooth_alpha, min_cosine, max_ppl_increase, out):
+             smooth_alpha, min_cosine, max_ppl_increase, decoder, sinks, window_max, out):
     """Quantization-aware training with distillation, exported as Q/DQ ONNX for TensorRT and ONNX Runtime."""
     from edgeattn import text
     from edgeattn.quantize.config import config_from_name
@@ -43,7 +47,8 @@ def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, 
     texts = tuple(text.read_lines(calib)) if calib is not None else ()
     job = QuantizeJob(model, config, out, texts=texts, steps=steps, batch_size=batch_size, seq_len=seq_len,
                       lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, smooth_alpha=smooth_alpha,
-                      min_cosine=min_cosine, max_ppl_increase=max_ppl_increase)
+                      min_cosine=min_cosine, max_ppl_increase=max_ppl_increase, decoder=decoder, sinks=sinks,
+                      window_max=window_max)
     result = run_quantize(job, progress=lambda m: click.echo(m, err=True))
     s = result.section
     if s["onnx"]:
