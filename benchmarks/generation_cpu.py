@@ -300,6 +300,8 @@ def speed(args) -> dict:
     rows = []
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     for engine, precision, ctx, window in plan(args.peers, args.short, args.long, args.window):
+        if args.engines and engine not in args.engines:
+            continue
         row = {"engine": engine, "precision": PRECISION_LABEL.get((engine, precision), precision), "context": ctx,
                "new_tokens": args.new_tokens, "window": window or "full"}
         module = ENGINE_MODULES.get(engine)
@@ -370,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "int4"])
     p = sub.add_parser("speed", help="prefill and decode tokens/s, one table")
     p.add_argument("--peers", action="store_true", help="also onnxruntime-genai, llama.cpp and HF generate")
+    p.add_argument("--engines", nargs="+", choices=list(ENGINES), help="only these rows (default: all planned)")
     p.add_argument("--short", type=int, default=32)
     p.add_argument("--long", type=int, default=4000)
     p.add_argument("--window", type=int, default=512)
