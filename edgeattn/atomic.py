@@ -17,6 +17,7 @@ from pathlib import Path
 
 from edgeattn.errors import InputError
 
+MARKER = ".edgeattn-output"  # written into every folder `directory` creates: a later run may replace it
 _STAGING = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[^.]+\.(?:partial|old)$")
 
 
@@ -74,6 +75,11 @@ def clean_stale(final: Path) -> list[Path]:
     return removed
 
 
+def has_marker(folder: Path) -> bool:
+    """True for a folder an earlier `directory(...)` wrote (it holds the marker file)."""
+    return (Path(folder) / MARKER).is_file()
+
+
 def _check_replaceable(final: Path, owned: Callable[[Path], bool] | None, what: str) -> None:
     if not final.exists() and not final.is_symlink():
         return
@@ -91,10 +97,12 @@ def directory(final: Path, *, owned: Callable[[Path], bool] | None = None,
     """Yield an empty staging folder beside `final`; on success it replaces `final` in one rename.
 
     An existing `final` is replaced only when `owned(final)` is true (an earlier artifact of the same
-    kind); anything else raises InputError before any work starts. On any exception (Ctrl-C included)
+    kind; by default: it holds the marker file this function writes into every folder it makes); anything
+    else raises InputError before any work starts. On any exception (Ctrl-C included)
     the staging folder is removed and `final`, if it existed, is left as it was.
     """
     final = Path(os.path.abspath(final))
+    owned = has_marker if owned is None else owned
     if final == final.parent:
         raise InputError(f"{final}: expected a folder path to create, found the file-system root")
     _check_replaceable(final, owned, what)
@@ -103,6 +111,7 @@ def directory(final: Path, *, owned: Callable[[Path], bool] | None = None,
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent))
     try:
         staging.chmod(0o777 & ~_umask())  # as mkdir would, not mkdtemp's owner-only 0700
+        (staging / MARKER).write_text(f"{what}\n", encoding="utf-8")
         yield staging
         _check_replaceable(final, owned, what)  # it may have appeared while we worked
     except BaseException:

@@ -188,3 +188,22 @@ def test_a_link_out_of_the_bundle_is_refused(tmp_path, tiny_onnx):
     (bundle / "report.md").symlink_to(tmp_path / "elsewhere.md")
     with pytest.raises(BundleError, match="outside the bundle"):
         open_bundle(bundle)
+
+
+def test_folder_outputs_are_replaced_only_when_an_earlier_run_wrote_them(tmp_path):
+    """Every folder an edgeattn command writes carries a marker: a rerun replaces it, a user's folder is kept."""
+    from edgeattn import atomic
+    from edgeattn.errors import InputError
+
+    out = tmp_path / "sim"
+    for run in ("first", "second"):
+        with atomic.directory(out, what="thermal simulation") as staging:
+            (staging / "summary.json").write_text(run)
+    assert (out / "summary.json").read_text() == "second" and atomic.has_marker(out)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text("keep")
+    with pytest.raises(InputError, match="did not write"):
+        with atomic.directory(mine) as staging:
+            (staging / "summary.json").write_text("overwritten")
+    assert (mine / "summary.json").read_text() == "keep"
