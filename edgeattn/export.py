@@ -43,7 +43,7 @@ class ExportConfig:
 WINDOW_INPUT = "attention_window"  # int64 scalar graph input of windowed exports (0 = full)
 
 
-def _wrapper(model, kind: str):
+def export_wrapper(model, kind: str):
     """A module with plain tensor inputs and one named output: last_hidden_state or logits."""
     torch = require("torch")
 
@@ -67,7 +67,7 @@ def _wrapper(model, kind: str):
 
 
 def _windowed_wrapper(model, kind: str):
-    """Like _wrapper, with a third input: the attention window, handed to every attention layer."""
+    """Like export_wrapper, with a third input: the attention window, handed to every attention layer."""
     torch = require("torch")
     from edgeattn.attention.hf_attention import WINDOW_KWARG
 
@@ -100,7 +100,7 @@ def export_module(model, kind: str, out: str | Path, config: ExportConfig = Expo
         args, names = (ids, mask, torch.tensor(0, dtype=torch.int64)), ["input_ids", "attention_mask", WINDOW_INPUT]
         dynamic[WINDOW_INPUT] = {}
     else:
-        wrapper, output_name = _wrapper(model, kind)
+        wrapper, output_name = export_wrapper(model, kind)
         args, names = (ids, mask), ["input_ids", "attention_mask"]
     dynamic[output_name] = {0: "batch", 1: "seq"}
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -93,22 +93,16 @@ def train_mode_export(tmp_path_factory):
     """A 2-layer BERT exported by the dynamo exporter with the module left in train() mode."""
     import torch
 
+    from edgeattn.export import export_wrapper
     from test_fusion_models import _tiny
 
     model, _ = _tiny("bert", "eager")
     model.config._attn_implementation = "eager"
 
-    class Encoder(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
+    encoder, _ = export_wrapper(model, "encoder")  # the exporter's own module, put back in train() mode
     ids = torch.randint(0, 1000, (2, 16))
     path = tmp_path_factory.mktemp("train") / "bert-train.onnx"
-    program = torch.onnx.export(Encoder(model).train(), (ids, torch.ones_like(ids)), dynamo=True, opset_version=18,
+    program = torch.onnx.export(encoder.train(), (ids, torch.ones_like(ids)), dynamo=True, opset_version=18,
                                 input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
                                 dynamic_axes={n: {0: "batch", 1: "seq"} for n in
                                               ("input_ids", "attention_mask", "last_hidden_state")})
