@@ -19,19 +19,8 @@ from edgeattn.bundle.manifest import sha256_file
 from edgeattn.pipeline import load, plan, run
 from onnx_fixtures import has, requires_minilm, requires_torch, tiny_model
 
-TINY = """[pipeline]
-name = "tiny"
-
-[[stage]]
-kind = "build"
-model = "tiny.onnx"
-target = "cpu"
-seq = {seq}
-
-[[stage]]
-kind = "export-triton"
-max_queue_delay_us = {delay}
-"""
+RECIPES = Path(__file__).parent / "data" / "recipes"  # recipe texts; tiny and minilm are templates
+TINY = (RECIPES / "tiny.toml").read_text()
 
 
 def tiny_recipe(tmp_path: Path, seq=(1, 8, 32), delay=100) -> Path:
@@ -159,28 +148,7 @@ def test_a_packaged_recipe_by_name(tmp_path, runner):
 
 # --- MiniLM: 2:4, W8A8 QAT, cpu + rtx bundles, from one command ---------------------------------------
 
-MINILM = """[pipeline]
-name = "minilm-24-w8a8"
-
-[[stage]]
-kind = "sparsify"
-model = "minilm"
-calib = "calib.txt"
-calib_batches = 1
-finetune_steps = 2
-batch = 4
-seq_len = 32
-qat = "w8a8"
-qat_steps = 2
-[stage.sparsity]
-method = "magnitude"
-
-[[stage]]
-kind = "build"
-targets = ["cpu", "rtx"]
-seq = {seq}
-optional = true
-"""
+MINILM = (RECIPES / "minilm-24-w8a8.toml").read_text()
 
 WORDS = (["The engineer", "A small robot", "The camera", "Our team", "The river", "A student"],
          ["measured", "watched", "carried", "described", "repaired", "followed"],
@@ -281,36 +249,7 @@ def test_unchanged_rerun_is_fast_and_a_build_option_reruns_only_that_build(kille
     assert manifest["shape_ranges"]["seq"] == [1, 16, 128] and manifest["sections"]["parity"]["status"] == "pass"
 
 
-TINY_BERT = """[pipeline]
-name = "tiny-bert"
-
-[[stage]]
-kind = "export"
-model = "bert"
-seq_len = 8
-
-[[stage]]
-kind = "build"
-name = "build-float"
-target = "cpu"
-seq = [1, 16, 64]
-
-[[stage]]
-kind = "quantize"
-model = "bert"
-config = "w8a8"
-calib = "calib.txt"
-steps = 2
-batch_size = 8
-seq_len = 16
-calib_batches = 1
-
-[[stage]]
-kind = "build"
-name = "build-w8a8"
-target = "cpu"
-seq = [1, 16, 64]
-"""
+TINY_BERT = (RECIPES / "tiny-bert.toml").read_text()
 
 
 @requires_torch

@@ -86,15 +86,30 @@ def _split_input(options: dict, key: str, where: str, base: Path, alias_ok: bool
     return options, path
 
 
-class ExportStage:
-    kind = "export"
-    reads = "hf"
-    input_option = "model"
+class StageKind:
+    """A stage kind: the artifact it reads, the option that names an external input instead of an earlier stage,
+    and whether that input may be a packaged model alias. Subclasses parse options and run the parsed job."""
+
+    kind: str
+    reads: str
+    input_option: str
+    alias_ok: bool
+
+    def __init_subclass__(cls, *, kind: str, reads: str, input_option: str, alias_ok: bool = False, **kw):
+        super().__init_subclass__(**kw)
+        cls.kind, cls.reads, cls.input_option, cls.alias_ok = kind, reads, input_option, alias_ok
+
+    def split_input(self, options: dict, where: str, base: Path) -> tuple[dict, str | Path | None]:
+        """The options without the input option, and that input (a path or an alias; None: an earlier stage)."""
+        return _split_input(options, self.input_option, where, base, self.alias_ok)
+
+
+class ExportStage(StageKind, kind="export", reads="hf", input_option="model", alias_ok=True):
 
     def parse(self, options: dict, where: str, base: Path) -> Parsed:
         from edgeattn.export import ExportConfig
 
-        options, model = _split_input(options, "model", where, base, alias_ok=True)
+        options, model = self.split_input(options, where, base)
         return Parsed(from_table(ExportConfig, options, where, base), model=model, writes=(("onnx", "model.onnx"),))
 
     def run(self, parsed: Parsed, run: Run) -> dict:
@@ -105,16 +120,13 @@ class ExportStage:
         return {"exporter": parsed.job.exporter, "attention": parsed.job.attention}
 
 
-class SparsifyStage:
-    kind = "sparsify"
-    reads = "hf"
-    input_option = "model"
+class SparsifyStage(StageKind, kind="sparsify", reads="hf", input_option="model", alias_ok=True):
     FILES = ("calib", "sparsity.speed_table")
 
     def parse(self, options: dict, where: str, base: Path) -> Parsed:
         from edgeattn.quantize.sparsity.pipeline import SparsifyJob
 
-        options, model = _split_input(options, "model", where, base, alias_ok=True)
+        options, model = self.split_input(options, where, base)
         save_hf = convert(bool, options.pop("save_hf", False), f"{where}: save_hf", base)
         for key in ("calib",):  # str fields that name files: relative to the recipe
             if isinstance(options.get(key), str):
@@ -142,16 +154,13 @@ class SparsifyStage:
         return summary
 
 
-class QuantizeStage:
-    kind = "quantize"
-    reads = "hf"
-    input_option = "model"
+class QuantizeStage(StageKind, kind="quantize", reads="hf", input_option="model", alias_ok=True):
 
     def parse(self, options: dict, where: str, base: Path) -> Parsed:
         from edgeattn.quantize.config import CONFIGS
         from edgeattn.quantize.pipeline import QuantizeJob
 
-        options, model = _split_input(options, "model", where, base, alias_ok=True)
+        options, model = self.split_input(options, where, base)
         name = options.pop("config", None)
         if name not in CONFIGS:
             raise ConfigError(f"{where}: config: expected one of {', '.join(CONFIGS)}, found {name!r}")
@@ -190,16 +199,13 @@ class QuantizeStage:
                 "fidelity": section.get("fidelity")}
 
 
-class BuildStage:
-    kind = "build"
-    reads = "onnx"
-    input_option = "model"
+class BuildStage(StageKind, kind="build", reads="onnx", input_option="model"):
 
     def parse(self, options: dict, where: str, base: Path) -> Parsed:
         from edgeattn.bundle.build import BuildConfig
         from edgeattn.targets import resolve_target
 
-        options, model = _split_input(options, "model", where, base, alias_ok=False)
+        options, model = self.split_input(options, where, base)
         job = from_table(BuildConfig, options, where, base, refused=("out",))
         try:
             target, _ = resolve_target(job.target)
@@ -240,15 +246,12 @@ class BuildStage:
         return None
 
 
-class ExportTritonStage:
-    kind = "export-triton"
-    reads = "bundle"
-    input_option = "bundle"
+class ExportTritonStage(StageKind, kind="export-triton", reads="bundle", input_option="bundle"):
 
     def parse(self, options: dict, where: str, base: Path) -> Parsed:
         from edgeattn.tritonserver.repository import TritonConfig
 
-        options, bundle = _split_input(options, "bundle", where, base, alias_ok=False)
+        options, bundle = self.split_input(options, where, base)
         job = from_table(TritonConfig, options, where, base)
         return Parsed(job, _files(job, ("plugin_library",)), bundle, writes=(("repo", "repo"),))
 
