@@ -114,11 +114,18 @@ class Generator:
     def prefill(self, ids: list[int], cache: KVCache, stream: int, config: GenerationConfig,
                 window: Window) -> np.ndarray:
         """Run the prompt in chunks; returns the last position's logits [V]."""
-        chunk = min(config.prefill_chunk, self.model.layout.window_max)
-        logits = None
-        for start in range(0, len(ids), chunk):
-            piece = np.asarray(ids[start:start + chunk], dtype=np.int64)[None]
-            logits = self.model.step(cache, [stream], piece, self._window(window, config))[0, -1]
+        layout = self.model.layout
+        chunk = min(config.prefill_chunk, layout.window_max)
+        logits, done = None, 0
+        while done < len(ids):
+            w = self._window(window, config)
+            position = int(cache.positions[stream])
+            # the op scores a chunk's own keys with q (true distances): a chunk holding sink positions ends by
+            # t = sinks + W, where the sink rows' second rotation begins (docs/windowed-attention.md)
+            size = chunk if position >= layout.sinks else min(chunk, layout.sinks + layout.live_window(w) - position)
+            piece = np.asarray(ids[done:done + size], dtype=np.int64)[None]
+            logits = self.model.step(cache, [stream], piece, w)[0, -1]
+            done += piece.shape[1]
         return logits
 
     def stream(self, prompt, config: GenerationConfig = GenerationConfig(), *, window: Window | None = None,
