@@ -332,3 +332,28 @@ def test_chunks_carry_the_device_temperature(tiny_decoder):
     assert status == 200 and status2 == 200
     for params in [e["parameters"] for e in events[1:-1]] + [doc["parameters"]]:
         assert params == {"attention_window": 16, "device_temp_c": 71.5, "device_throttle": 0}
+
+
+def test_prompts_prefilled_inside_the_decode_steps_give_the_same_tokens(tiny_decoder):
+    """--prefill-in-step: short prompts ride along the decode steps (one token per step) while a long one is
+    prefilled in chunks; every answer equals the Generator's (chunked prefill, alone)."""
+    from edgeattn.bundle.folder import open_bundle
+
+    path = tiny_decoder[3]
+    long_prompt = " ".join(f"w{i}" for i in range(40))  # > 24 tokens: chunked
+    prompts = PROMPTS[:6] + [long_prompt]
+    refs = {p: _reference(path, p, 10).text for p in prompts}
+    app, server = _server([open_bundle(path)], ["dec"], slots=4, prefill_in_step=24)
+    with server as url:
+        wait_ready_http(url)
+        got: dict[str, str] = {}
+
+        def one(p):
+            got[p] = _complete(url, p, max_tokens=10)["choices"][0]["text"]
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert got == refs

@@ -63,7 +63,8 @@ class DecoderRuntime:
         self._streams: dict[Job, asyncio.Queue] = {}
         self.scheduler = SlotScheduler(self.model, slots=settings.slots, max_queue=settings.max_queue,
                                        prefill_chunk=settings.prefill_chunk, window=window.get,
-                                       deliver=self._deliver, metrics=metrics.generation, model_name=name)
+                                       deliver=self._deliver, metrics=metrics.generation, model_name=name,
+                                       prefill_in_step=settings.prefill_in_step)
         metrics.generation.slots.labels(name).set(settings.slots)
 
     @property

@@ -2,9 +2,13 @@
 
 One worker thread owns the model and the cache (ONNX Runtime releases the GIL while it runs; the event loop
 only routes). Every iteration it admits waiting jobs into free slots, runs at most one prefill chunk (so a long
-prompt does not stall the others) and then one decode step over every decoding slot. Decoding jobs always
-occupy slots 0..K-1 (a finished job's slot is filled by moving the last one into it), so the step feeds the
-cache rows as views, never a copy; the job being prefilled sits in slot K. A slot's position is reset when a
+prompt does not stall the others) and then one decode step over every decoding slot. Prompts of at most
+`prefill_in_step` tokens skip the chunk: they ride along the decode steps, one prompt token per step, so
+their prefill adds rows to the step the others run anyway instead of a call of its own (whether a job is
+prefilled in chunks or in steps depends only on its own prompt's length, so its numbers do not depend on
+the other jobs). Decoding jobs always occupy slots 0..K-1 (a finished job's slot is filled by moving the last
+one into it), so the step feeds the cache rows as views, never a copy; the job being prefilled in chunks sits
+in slot K. A slot's position is reset when a
 job takes it: the attention op never reads rows beyond a stream's position, so no job sees another's keys.
 
 The live window is read once per iteration and applies to every slot's next step (the sinks are always kept).
@@ -97,9 +101,11 @@ class SlotScheduler:
     worker. `on_stats` gets (busy slots, waiting jobs, KV tokens held) after every iteration."""
 
     def __init__(self, model: DecoderModel, *, slots: int, max_queue: int, prefill_chunk: int,
-                 window: Callable[[], int], deliver: Deliver, metrics=None, model_name: str = "") -> None:
+                 window: Callable[[], int], deliver: Deliver, metrics=None, model_name: str = "",
+                 prefill_in_step: int = 0) -> None:
         self.model, self.slots, self.max_queue = model, slots, max_queue
         self.prefill_chunk = min(prefill_chunk, model.layout.window_max)
+        self.prefill_in_step = prefill_in_step
         self.window, self.deliver = window, deliver
         self.metrics, self.model_name = metrics, model_name
         self.cache = model.new_cache(slots)
@@ -180,12 +186,23 @@ class SlotScheduler:
             self._flush()
 
     def _admit(self) -> None:
-        if self.prefilling is None and self.waiting and self.busy < self.slots:
-            job = self.waiting.popleft()
-            job.slot = len(self.decoding)
-            self.cache.reset(job.slot)
+        while self.waiting and self.busy < self.slots:
+            job = self.waiting[0]
+            in_step = len(job.prompt) <= self.prefill_in_step
+            if not in_step and self.prefilling is not None:
+                return  # one job at a time is prefilled in chunks
+            self.waiting.popleft()
             job.text, job.matcher = TextStream(self.model.codec), StopMatcher(job.stops)
-            self.prefilling = job
+            if in_step:
+                if self.prefilling is not None:  # keep the chunked one just above the decoding slots
+                    self._move(self.prefilling, len(self.decoding) + 1)
+                job.slot = len(self.decoding)
+                self.cache.reset(job.slot)
+                self.decoding.append(job)
+            else:
+                job.slot = len(self.decoding)
+                self.cache.reset(job.slot)
+                self.prefilling = job
 
     def _current_window(self) -> int:
         w = int(self.window())
@@ -216,7 +233,8 @@ class SlotScheduler:
 
     def _decode_step(self, window: int) -> None:
         jobs = list(self.decoding)
-        ids = np.asarray([[j.tokens[-1]] for j in jobs], dtype=np.int64)
+        ids = np.asarray([[j.prompt[j.prefilled] if j.prefilled < len(j.prompt) else j.tokens[-1]] for j in jobs],
+                         dtype=np.int64)
         before = time.perf_counter()
         logits = self.model.step(self.cache, list(range(len(jobs))), ids, window)
         if self.metrics is not None:
@@ -226,6 +244,10 @@ class SlotScheduler:
             if overflow:
                 self.metrics.evicted.labels(self.model_name).inc(overflow)
         for row, job in enumerate(jobs):
+            if job.prefilled < len(job.prompt):  # a prompt token of a job prefilled in steps
+                job.prefilled += 1
+                if job.prefilled < len(job.prompt):
+                    continue
             self._accept(job, job.sampler(logits[row, -1]), window)
 
     def _accept(self, job: Job, token: int, window: int) -> None:

@@ -26,6 +26,7 @@ class ServeSettings:
     admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
     slots: int = 8  # decoder bundles: requests generating at once (one KV-cache row each), batched every step
     prefill_chunk: int = 64  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps)
+    prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -38,7 +39,7 @@ class ServeSettings:
         for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
-        for name in ("threads", "window", "warmup_runs"):
+        for name in ("threads", "window", "warmup_runs", "prefill_in_step"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
 
