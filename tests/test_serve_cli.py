@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -124,20 +125,34 @@ def _infer_status(base: str) -> int | str:
         return type(exc).__name__
 
 
-def test_sigterm_answers_503_then_abandons_the_queue_after_the_timeout(tmp_path):
+@contextlib.contextmanager
+def _queued_slow_server(tmp_path, shutdown_timeout: float, statuses: list):
+    """A slow server (0.5 s a request, one worker) with 8 requests queued on it, their statuses appended to
+    `statuses`. Yields (base URL, process); on the way out a live process is killed and the requests joined."""
     import threading
 
     bundle = tiny_bundle(tmp_path)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = _slow_server(bundle, port, seconds=0.5, shutdown_timeout=1.0)
+    proc = _slow_server(bundle, port, seconds=0.5, shutdown_timeout=shutdown_timeout)
+    threads: list = []
     try:
         _wait_ready(base, proc)
-        statuses: list = []
         threads = [threading.Thread(target=lambda: statuses.append(_infer_status(base))) for _ in range(8)]
         for t in threads:
             t.start()
         time.sleep(0.3)  # 8 requests queued: 4 s of work on one worker
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for t in threads:
+            t.join(timeout=30)
+
+
+def test_sigterm_answers_503_then_abandons_the_queue_after_the_timeout(tmp_path):
+    statuses: list = []
+    with _queued_slow_server(tmp_path, 1.0, statuses) as (base, proc):
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         time.sleep(0.1)
@@ -145,11 +160,6 @@ def test_sigterm_answers_503_then_abandons_the_queue_after_the_timeout(tmp_path)
         assert _get(base + "/v2/health/ready")[0] == 503
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - stopped
-        for t in threads:
-            t.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, err
     assert took < 1.0 + 0.5 + 1.5, f"exited {took:.1f} s after SIGTERM with a 1 s shutdown timeout"
     assert 200 in statuses and 503 in statuses and set(statuses) <= {200, 503}, statuses
@@ -157,29 +167,13 @@ def test_sigterm_answers_503_then_abandons_the_queue_after_the_timeout(tmp_path)
 
 
 def test_a_second_sigterm_stops_at_once_without_a_traceback(tmp_path):
-    import threading
-
-    bundle = tiny_bundle(tmp_path)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = _slow_server(bundle, port, seconds=0.5, shutdown_timeout=30.0)
-    try:
-        _wait_ready(base, proc)
-        threads = [threading.Thread(target=_infer_status, args=(base,)) for _ in range(8)]
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
+    with _queued_slow_server(tmp_path, 30.0, []) as (base, proc):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - stopped
-        for t in threads:
-            t.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
     assert took < 2.0, f"exited {took:.1f} s after the second SIGTERM"

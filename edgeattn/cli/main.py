@@ -14,29 +14,26 @@ import click
 from edgeattn import __version__
 from edgeattn.errors import EdgeAttnError
 
-# name -> (module, function, one-line help). Modules are imported only when their command runs,
-# so `edgeattn --help` loads no torch, TensorRT or Triton.
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "export": ("edgeattn.cli.export_cmd", "export", "Export a Hugging Face model (or a packaged one) to ONNX."),
-    "build": ("edgeattn.cli.build_cmd", "build", "Validate an ONNX model, rewrite it and build a bundle for a target."),
-    "bench": ("edgeattn.cli.bench_cmd", "bench", "Measure a bundle's latency percentiles and throughput."),
-    "inspect": ("edgeattn.cli.inspect_cmd", "inspect", "Show a bundle's manifest and report."),
-    "targets": ("edgeattn.cli.targets_cmd", "targets", "List the deployment targets and what each supports."),
-    "thermal": ("edgeattn.cli.thermal_cmd", "thermal", "Record thermal traces, fit the RC model, simulate and tune window policies."),
-    "kernels": ("edgeattn.cli.kernels_cmd", "kernels", "Compile the windowed-attention Triton kernels ahead of time."),
-    "export-triton": ("edgeattn.cli.export_triton_cmd", "export_triton",
-                      "Write a Triton Inference Server model repository for a bundle."),
-    "serve": ("edgeattn.cli.serve_cmd", "serve", "Serve bundles over KServe v2 / Triton HTTP with dynamic batching."),
-    "window": ("edgeattn.cli.window_cmd", "window", "Get, set, lock or unlock a running server's attention window."),
-    "sparsify": ("edgeattn.cli.sparsify_cmd", "sparsify", "Prune Linear weights 2:4 (where it pays), fine-tune with the masks, export ONNX."),
-    "check-sparsity": ("edgeattn.cli.check_sparsity_cmd", "check_sparsity",
-                       "Check which constant MatMul/Gemm/Conv weights of an ONNX model are 2:4 sparse."),
-    "quantize": ("edgeattn.cli.quantize_cmd", "quantize", "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX."),
-    "distill-text": ("edgeattn.cli.distill_text_cmd", "distill_text",
-                     "Write distillation text sampled from a language model (for sparsify / quantize --calib)."),
-    "generate": ("edgeattn.cli.generate_cmd", "generate", "Generate text from a decoder bundle (sinks + ring KV cache)."),
-    "eval": ("edgeattn.cli.eval_cmd", "eval", "Fidelity of a quantized ONNX against the float model and against PTQ."),
-    "pipeline": ("edgeattn.cli.pipeline_cmd", "pipeline", "Run a deployment recipe (export .. build .. export-triton), resumably."),
+# name -> one-line help. The command is the function edgeattn.cli.<name>_cmd.<name> (dashes as underscores),
+# imported only when it runs, so `edgeattn --help` loads no torch, TensorRT or Triton.
+COMMANDS: dict[str, str] = {
+    "export": "Export a Hugging Face model (or a packaged one) to ONNX.",
+    "build": "Validate an ONNX model, rewrite it and build a bundle for a target.",
+    "bench": "Measure a bundle's latency percentiles and throughput.",
+    "inspect": "Show a bundle's manifest and report.",
+    "targets": "List the deployment targets and what each supports.",
+    "thermal": "Record thermal traces, fit the RC model, simulate and tune window policies.",
+    "kernels": "Compile the windowed-attention Triton kernels ahead of time.",
+    "export-triton": "Write a Triton Inference Server model repository for a bundle.",
+    "serve": "Serve bundles over KServe v2 / Triton HTTP with dynamic batching.",
+    "window": "Get, set, lock or unlock a running server's attention window.",
+    "sparsify": "Prune Linear weights 2:4 (where it pays), fine-tune with the masks, export ONNX.",
+    "check-sparsity": "Check which constant MatMul/Gemm/Conv weights of an ONNX model are 2:4 sparse.",
+    "quantize": "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX.",
+    "distill-text": "Write distillation text sampled from a language model (for sparsify / quantize --calib).",
+    "generate": "Generate text from a decoder bundle (sinks + ring KV cache).",
+    "eval": "Fidelity of a quantized ONNX against the float model and against PTQ.",
+    "pipeline": "Run a deployment recipe (export .. build .. export-triton), resumably.",
 }
 
 
@@ -55,11 +52,11 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
-        module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        attr = name.replace("-", "_")
+        return getattr(importlib.import_module(f"edgeattn.cli.{attr}_cmd"), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        rows = [(name, COMMANDS[name]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
