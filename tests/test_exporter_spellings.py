@@ -9,12 +9,11 @@ Each build is --strict (every block fused) and checked against the source; the T
 also checked against the windowed torch model at a window of 3, so the scale and mask were read right.
 """
 
-import copy
-
 import numpy as np
 import pytest
 
 from edgeattn.bundle.build import BuildConfig, build
+from export_fixtures import window_reference
 from onnx_fixtures import requires_torch
 
 pytestmark = requires_torch
@@ -67,24 +66,12 @@ def test_torchscript_sdpa_llama_gqa(export, tmp_path):
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
 def test_torchscript_sdpa_follows_the_window_like_the_torch_swap(export, tmp_path, family):
-    import torch
-
-    from edgeattn.attention.hf_attention import WINDOW_KWARG, use_windowed_attention
     from edgeattn.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     path, model, kind = export(family, "torchscript", 17, "sdpa")
-    bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b", seq=(1, 24, 64), parity=False))
-    ids = torch.randint(0, 1000, (2, 21), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, 17:] = 0
-    swapped = use_windowed_attention(copy.deepcopy(model))
-    with torch.no_grad():
-        out = swapped(input_ids=ids, attention_mask=mask, **{WINDOW_KWARG: torch.tensor(3)})
-    want = (out.logits if kind == "decoder" else out.last_hidden_state).numpy()
+    bundle, feeds, want, real = window_reference(path, model, kind, tmp_path / "b")
     with OnnxRuntimeBackend(bundle.path / "model.onnx") as ort_model:
-        got = next(iter(ort_model.infer({"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
-                                         "attention_window": np.array(3)}).values()))
-    real = mask.numpy().astype(bool)
+        got = next(iter(ort_model.infer(feeds).values()))
     np.testing.assert_allclose(got[real], want[real], atol=1e-4)
 
 

@@ -2,12 +2,11 @@
 weights from the torch dynamo exporter, the TorchScript exporter and the opset-23 Attention op, plus
 the real MiniLM (both exporters) and SmolLM2 (slow)."""
 
-import copy
-
 import numpy as np
 import pytest
 
 from edgeattn.bundle.build import BuildConfig, build
+from export_fixtures import window_reference
 from onnx_fixtures import requires_minilm, requires_torch
 
 pytestmark = requires_torch
@@ -75,26 +74,14 @@ def test_every_layer_fused_and_parity_holds(exported, tmp_path, family, variant)
 @pytest.mark.parametrize("family", ["bert", "llama"])
 def test_fused_model_follows_the_window_like_the_torch_swap(exported, tmp_path, family, variant):
     """At window 3 the fused ONNX model computes what the model with the swapped-in torch op computes."""
-    import torch
-
-    from edgeattn.attention.hf_attention import WINDOW_KWARG, use_windowed_attention
     from edgeattn.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     path, model, kind = exported(family, variant)
-    bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b", seq=(1, 24, 64), parity=False))
-    ids = torch.randint(0, 1000, (2, 21), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, 17:] = 0
-    swapped = use_windowed_attention(copy.deepcopy(model))
-    with torch.no_grad():
-        out = swapped(input_ids=ids, attention_mask=mask, **{WINDOW_KWARG: torch.tensor(3)})
-    want = (out.logits if kind == "decoder" else out.last_hidden_state).numpy()
+    bundle, feeds, want, real = window_reference(path, model, kind, tmp_path / "b")
     with OnnxRuntimeBackend(bundle.path / "model.onnx") as ort_model:
-        feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "attention_window": np.array(3)}
         got = next(iter(ort_model.infer({k: v for k, v in feeds.items() if k in ort_model.input_names}).values()))
         full = next(iter(ort_model.infer({**feeds, "attention_window": np.array(0)}).values()))
-    real = mask.numpy().astype(bool)  # padded query rows are not compared
-    np.testing.assert_allclose(got[real], want[real], atol=1e-4)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-4)  # padded query rows are not compared
     assert np.abs(got - full)[real].max() > 1e-3  # the window changed the result
 
 
