@@ -7,6 +7,8 @@ input axis (axis 0); the activation gets a per-tensor Q->DQ pair. Zero points ar
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,21 @@ from edgeattn.export import ExportConfig, export_module
 from edgeattn.quantize.api import quant_linears
 
 
+@contextlib.contextmanager
+def frozen_for_export(model: nn.Module, who: str):
+    """Every QuantLinear in export mode (Q/DQ nodes) inside the block; yields the (name, layer) list."""
+    layers = quant_linears(model)
+    if not layers:
+        raise BuildError(f"{who}: the model has no quantized layers; call quantize_ and calibrate first")
+    for _, m in layers:
+        m.freeze_for_export()
+    try:
+        yield layers
+    finally:
+        for _, m in layers:
+            m.exporting = False
+
+
 def export_opset(model: nn.Module) -> int:
     """21 when any layer is INT4 block-wise (DequantizeLinear block_size), otherwise 19."""
     return 21 if any(m.fmt == "int4" for _, m in quant_linears(model)) else 19
@@ -27,16 +44,8 @@ def export_opset(model: nn.Module) -> int:
 
 def export_qdq(model: nn.Module, kind: str, out: str | Path, *, seq_len: int = 16) -> dict:
     """Write `model`'s Q/DQ ONNX to `out`; returns a structure summary (also checked here)."""
-    layers = quant_linears(model)
-    if not layers:
-        raise BuildError("export_qdq: the model has no quantized layers; call quantize_ and calibrate first")
-    for _, m in layers:
-        m.freeze_for_export()
-    try:
+    with frozen_for_export(model, "export_qdq") as layers:
         path = export_module(model, kind, out, ExportConfig(opset=export_opset(model), seq_len=seq_len))
-    finally:
-        for _, m in layers:
-            m.exporting = False
     proto = onnx.load(str(path))
     ir_model = ir.serde.deserialize_model(proto)
     packed = pack_int4(ir_model)

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgeattn.attention import DOMAIN
-from edgeattn.attention.onnx_function import _Body
+from edgeattn.attention.onnx_function import _Body, make_function
 
 CACHED_OP_TYPE = "CachedWindowedAttention"
 CACHED_INPUTS = ("q", "q_sink", "k", "v", "past_key", "past_value", "cache_position", "window")
@@ -107,13 +107,7 @@ def cached_function_proto(opset: int = 18) -> onnx.FunctionProto:
     if opset < 18:
         raise ValueError(f"the cached op's body needs opset >= 18, found {opset}")
     b = _Body(opset)
-    out = _build_cached(b)
-    b.nodes.append(helper.make_node("Identity", [out], ["out"]))
-    fn = helper.make_function(DOMAIN, CACHED_OP_TYPE, list(CACHED_INPUTS), ["out"], b.nodes,
-                              [helper.make_opsetid("", opset)], attributes=[])
-    for name, default in CACHED_ATTRIBUTES.items():
-        fn.attribute_proto.append(helper.make_attribute(name, default))
-    return fn
+    return make_function(b, _build_cached(b), CACHED_OP_TYPE, CACHED_INPUTS, CACHED_ATTRIBUTES)
 
 
 def make_cached_node(inputs: list[str], *, out: str, sinks: int, scale: float = 0.0,

@@ -224,10 +224,14 @@ def function_proto(opset: int = 18, body: str = "blocked") -> onnx.FunctionProto
     if body not in BODIES:
         raise ValueError(f"body: expected one of {BODIES}, found {body!r}")
     b = _Body(opset)
-    out = _build(b) if body == "blocked" else _build_dense(b)
+    return make_function(b, _build(b) if body == "blocked" else _build_dense(b), OP_TYPE, INPUTS, ATTRIBUTES)
+
+
+def make_function(b: _Body, out: str, op_type: str, inputs: tuple[str, ...], attributes: dict) -> onnx.FunctionProto:
+    """The local function edgeattn::`op_type` from an emitted body whose result is `out`; attributes with defaults."""
     b.nodes.append(helper.make_node("Identity", [out], ["out"]))
-    fn = helper.make_function(DOMAIN, OP_TYPE, list(INPUTS), ["out"], b.nodes,
-                              [helper.make_opsetid("", opset)], attributes=[])
-    for name, default in ATTRIBUTES.items():
+    fn = helper.make_function(DOMAIN, op_type, list(inputs), ["out"], b.nodes, [helper.make_opsetid("", b.opset)],
+                              attributes=[])
+    for name, default in attributes.items():
         fn.attribute_proto.append(helper.make_attribute(name, default))
     return fn

@@ -19,19 +19,10 @@ def export_decoder_qdq(model, tokenizer, out: str | Path, config: DecoderExportC
     import onnx_ir as ir
 
     from edgeattn import atomic
-    from edgeattn.quantize.api import quant_linears
-    from edgeattn.quantize.qdq_export import export_opset, pack_int4, qdq_summary
+    from edgeattn.quantize.qdq_export import export_opset, frozen_for_export, pack_int4, qdq_summary
 
-    layers = quant_linears(model)
-    if not layers:
-        raise BuildError("export_decoder_qdq: the model has no quantized layers; call quantize_ and calibrate first")
-    for _, m in layers:
-        m.freeze_for_export()
-    try:
+    with frozen_for_export(model, "export_decoder_qdq") as layers:
         path = export_decoder_model(model, tokenizer, out, replace(config, opset=max(config.opset, export_opset(model))))
-    finally:
-        for _, m in layers:
-            m.exporting = False
     ir_model = ir.serde.deserialize_model(onnx.load(str(path)))
     summary = {**qdq_summary(ir_model), "int4_packed": pack_int4(ir_model)}
     if summary["quantized_matmuls"] != summary["weight_dq"] or summary["weight_dq"] < len(layers) - 1:

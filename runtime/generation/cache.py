@@ -9,24 +9,15 @@ from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError
 
 
-class KVCache:
-    def __init__(self, *, layers: int, kv_heads: int, head_dim: int, layout: RingLayout, streams: int = 1,
-                 dtype: str = "float32") -> None:
-        if streams < 1:
-            raise ConfigError(f"streams: expected >= 1, found {streams}")
-        self.layout = layout
-        shape = (streams, kv_heads, layout.capacity, head_dim)
-        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.values = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.positions = np.zeros(streams, dtype=np.int64)  # tokens seen by each stream
+class StreamPositions:
+    """What every cache (host or device) knows of its streams: `positions` [streams], tokens seen by each."""
+
+    layout: RingLayout
+    positions: np.ndarray
 
     @property
     def streams(self) -> int:
         return self.positions.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys + self.values)
 
     def held(self, stream: int) -> int:
         """Tokens of a stream whose keys are still in the cache (sinks + ring rows in use)."""
@@ -39,6 +30,22 @@ class KVCache:
     def reset(self, stream: int) -> None:
         """Forget a stream (its rows are overwritten as the next one fills them; nothing is read before then)."""
         self.positions[stream] = 0
+
+
+class KVCache(StreamPositions):
+    def __init__(self, *, layers: int, kv_heads: int, head_dim: int, layout: RingLayout, streams: int = 1,
+                 dtype: str = "float32") -> None:
+        if streams < 1:
+            raise ConfigError(f"streams: expected >= 1, found {streams}")
+        self.layout = layout
+        shape = (streams, kv_heads, layout.capacity, head_dim)
+        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.values = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.positions = np.zeros(streams, dtype=np.int64)  # tokens seen by each stream
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys + self.values)
 
     def past(self, streams: slice | np.ndarray) -> list[np.ndarray]:
         """The buffers of some streams, layer by layer, key then value (views when `streams` is a slice)."""

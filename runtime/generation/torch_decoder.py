@@ -14,10 +14,11 @@ import numpy as np
 
 from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError, InputError
+from edgeattn.runtime.generation.cache import StreamPositions
 from edgeattn.optional import require
 
 
-class TorchKVCache:
+class TorchKVCache(StreamPositions):
     """KVCache's interface with torch buffers: per layer [B, H_kv, C, D] on the model's device."""
 
     def __init__(self, *, layers: int, kv_heads: int, head_dim: int, layout: RingLayout, streams: int, dtype,
@@ -30,22 +31,8 @@ class TorchKVCache:
         self.positions = np.zeros(streams, dtype=np.int64)
 
     @property
-    def streams(self) -> int:
-        return self.positions.shape[0]
-
-    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
-    def held(self, stream: int) -> int:
-        n = int(self.positions[stream])
-        return min(n, self.layout.sinks) + min(max(n - self.layout.sinks, 0), self.layout.window_max)
-
-    def evicted(self, stream: int) -> int:
-        return int(self.positions[stream]) - self.held(stream)
-
-    def reset(self, stream: int) -> None:
-        self.positions[stream] = 0
 
 
 class TorchDecoderModel:
