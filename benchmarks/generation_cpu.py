@@ -160,7 +160,8 @@ def parity(args) -> dict:
         print(f"{precision}: {n} greedy tokens equal to HF generate: {tokens == want_tokens}"
               f"{'' if same == n else f' (first difference at token {same})'}; max |logit diff| over the "
               f"{same} matching steps: {diff:.3g} (bound 1e-3)")
-    result = {"prompt_tokens": len(ids), "new_tokens": n, "hf_text": tok.decode(want_tokens), "rows": rows}
+    result = {"machine": machine(), "versions": versions(), "prompt_tokens": len(ids), "new_tokens": n,
+              "hf_text": tok.decode(want_tokens), "rows": rows}
     write_json("parity", result)
     return result
 
@@ -319,13 +320,16 @@ def speed(args) -> dict:
                 row.update(json.loads(done.stdout.strip().splitlines()[-1]), status="ok")
         rows.append(row)
         log(table_line(row))
-    result = {"machine": {"nproc": os.cpu_count(), "loadavg_before": load_before,
-                          "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
-                          "processor": platform.processor() or platform.machine(), "threads": THREADS},
-              "versions": versions(), "warmup_steps": WARMUP, "rows": rows}
+    result = {"machine": {**machine(), "loadavg_before": load_before}, "versions": versions(),
+              "warmup_steps": WARMUP, "rows": rows}
     print(render_table(rows))
     write_json("speed", result)
     return result
+
+
+def machine() -> dict:
+    return {"nproc": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+            "processor": platform.processor() or platform.machine(), "threads": THREADS}
 
 
 def versions() -> dict:
