@@ -151,6 +151,17 @@ class Probe:
         return {"metric": "cosine", "cos_mean": float(c.mean()), "cos_min": float(c.min()), "n": int(c.size),
                 "text": self.description}
 
+    def check(self, model, stage: str, min_cosine: float | None, max_ppl_increase: float | None,
+              progress: Callable[[str], None]) -> dict:
+        """`compare`, with the floors and far_from_full_run recorded beside the result; reports it through
+        `progress` and raises FidelityError when it is below the floor. Returns the record."""
+        measured = self.compare(model)
+        measured.update(min_cosine=min_cosine, max_ppl_increase=max_ppl_increase,
+                        far_from_full_run=far_from_full_run(measured))
+        progress(f"fidelity: {describe(measured)}")
+        check_floor(measured, stage, min_cosine, max_ppl_increase)
+        return measured
+
 
 def describe(measured: dict) -> str:
     if measured["metric"] == "perplexity":

@@ -89,7 +89,7 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     from edgeattn import text
     from edgeattn.quantize.api import calibrate, quantize_
     from edgeattn.quantize.distillation import DistillConfig, distill, init_distributed
-    from edgeattn.quantize.fidelity import Probe, check_floor, describe, far_from_full_run
+    from edgeattn.quantize.fidelity import Probe
     from edgeattn.quantize.qdq_export import export_qdq
 
     model, tok, kind, examples = prepare(job, progress)
@@ -118,12 +118,7 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
                "fidelity": None, "onnx": {}}
     if rank == 0:
         model.cpu()
-        measured = probe.compare(model)
-        measured.update(min_cosine=job.min_cosine, max_ppl_increase=job.max_ppl_increase,
-                        far_from_full_run=far_from_full_run(measured))
-        section["fidelity"] = measured
-        progress(f"fidelity: {describe(measured)}")
-        check_floor(measured, "quantize", job.min_cosine, job.max_ppl_increase)
+        section["fidelity"] = probe.check(model, "quantize", job.min_cosine, job.max_ppl_increase, progress)
         if job.decoder:
             if kind != "decoder":
                 raise ConfigError(f"decoder: expected a causal LM, found an {kind} ({job.model})")

@@ -114,7 +114,7 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
     from edgeattn.gpu import resolve_device
     from edgeattn import text
     from edgeattn.quantize.distillation import distill
-    from edgeattn.quantize.fidelity import Probe, check_floor, check_floor_kind, describe, far_from_full_run
+    from edgeattn.quantize.fidelity import Probe, check_floor_kind, describe
     from edgeattn.quantize.sparsity.masks import sparsify_, strip_masks
 
     out = Path(out)
@@ -159,12 +159,7 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         section["qat"] = qat_after_sparsity(model, teacher, tok, kind, texts, job.qat_steps,
                                             config=config_from_name(job.qat))
         model.cpu()
-    measured = probe.compare(model)
-    measured.update(min_cosine=job.min_cosine, max_ppl_increase=job.max_ppl_increase,
-                    far_from_full_run=far_from_full_run(measured))
-    section["fidelity"] = measured
-    progress(f"fidelity: {describe(measured)}")
-    check_floor(measured, "sparsify", job.min_cosine, job.max_ppl_increase)
+    section["fidelity"] = probe.check(model, "sparsify", job.min_cosine, job.max_ppl_increase, progress)
     if pruned_hf is not None:
         with atomic.directory(Path(job.save_hf)) as staging:
             pruned_hf.save_pretrained(staging)
