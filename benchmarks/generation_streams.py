@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         result["environment"] = environment(args.threads)
         print(memory_table(result))
         if args.results:
-            print(f"-> {write_json('memory', result, args.results)}")
+            print(f"-> {write_json('memory_' + args.bundle.name.split('.')[0], result, args.results)}")
         if args.json:
             print(json.dumps(result))
     else:
