@@ -108,6 +108,34 @@ def key_blocks(p_min, p_max, window, sinks, S_k, CAUSAL: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
+def load_block(T, base, start_n, offs_n, offs_d, stride_n, S_k, MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """The [BLOCK_N, D] block of K or V at key positions offs_n (= start_n + arange(BLOCK_N)). USE_TMA: T is a
+    tensor descriptor over this head's [S_k, D]; MASKED: rows at or past S_k read as zeros; else a plain load."""
+    if USE_TMA:
+        t = T.load([start_n, 0])
+    elif MASKED:
+        t = tl.load(T + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=(offs_n < S_k)[:, None], other=0.0)
+    else:
+        t = tl.load(T + base + offs_n[:, None] * stride_n + offs_d[None, :])
+    return t
+
+
+@triton.jit
+def softmax_update(acc, l_i, m_i, qk, qk_scale, V, v_base, start_n, offs_n, offs_d, stride_vn, S_k,
+                   MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """One online-softmax step over a block's masked, unscaled scores qk [BLOCK_M, BLOCK_N]: the running max
+    and sum, then the block of V (load_block) into acc [BLOCK_M, D] fp32. Returns the updated acc, l_i, m_i."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain
+    p_ij = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p_ij, 1)
+    v = load_block(V, v_base, start_n, offs_n, offs_d, stride_vn, S_k, MASKED, USE_TMA)  # v: [BLOCK_N, D]
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p_ij.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def attend_blocks(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, stride_kn, stride_vn,
                   pos, offs_d, start, stop, window, sinks, S_k, qk_scale,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
@@ -118,31 +146,13 @@ def attend_blocks(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, strid
     # USE_TMA: K, V are tensor descriptors over this head's [S_k, D] (out-of-range rows read as zeros)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # absolute key positions
-        if USE_TMA:
-            k = K.load([start_n, 0])  # k: [BLOCK_N, D]
-        elif MASKED:
-            k = tl.load(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :],
-                        mask=(offs_n < S_k)[:, None], other=0.0)
-        else:
-            k = tl.load(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
+        k = load_block(K, k_base, start_n, offs_n, offs_d, stride_kn, S_k, MASKED, USE_TMA)  # k: [BLOCK_N, D]
         qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
         qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain
-        p_ij = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
-        if USE_TMA:
-            v = V.load([start_n, 0])  # v: [BLOCK_N, D]
-        elif MASKED:
-            v = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
-                        mask=(offs_n < S_k)[:, None], other=0.0)
-        else:
-            v = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :])
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p_ij.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, qk_scale, V, v_base, start_n, offs_n, offs_d, stride_vn,
+                                       S_k, MASKED, USE_TMA)
     return acc, l_i, m_i
 
 
-__all__ = ["LOG2E", "NEG_BIG", "attend_blocks", "effective_window", "key_allowed", "key_blocks", "mask_scores",
-           "query_tile"]
+__all__ = ["LOG2E", "NEG_BIG", "attend_blocks", "effective_window", "key_allowed", "key_blocks", "load_block",
+           "mask_scores", "query_tile", "softmax_update"]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import NEG_BIG, attend_blocks, key_allowed, key_blocks, query_tile
+from edgeattn.plugins.kernels.common import (NEG_BIG, attend_blocks, key_allowed, key_blocks, load_block, query_tile,
+                                             softmax_update)
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.tuning import prefill_tile
 
@@ -32,11 +33,7 @@ def _attend_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, st
     for t in range(0, n_total):
         start = tl.where(t < n_sink, t * BLOCK_N, start_n + (t - n_sink) * BLOCK_N)
         offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
-        if USE_TMA:
-            k = K.load([start, 0])  # k: [BLOCK_N, D]
-        else:
-            k = tl.load(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :],
-                        mask=(offs_n < S_k)[:, None], other=0.0)
+        k = load_block(K, k_base, start, offs_n, offs_d, stride_kn, S_k, True, USE_TMA)  # k: [BLOCK_N, D]
         qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
         if HAS_PAD:
             real = tl.load(Mask + mask_base + offs_n, mask=offs_n < S_k, other=0)
@@ -45,18 +42,8 @@ def _attend_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, st
         else:
             if (start < full_lo) | (start >= full_hi):
                 qk = tl.where(key_allowed(pos, offs_n, window, sinks, S_k, CAUSAL), qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # log2 domain
-        p_ij = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p_ij, 1)
-        if USE_TMA:
-            v = V.load([start, 0])  # v: [BLOCK_N, D]
-        else:
-            v = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
-                        mask=(offs_n < S_k)[:, None], other=0.0)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p_ij.to(v.dtype), v, acc)
-        m_i = m_new
+        acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, qk_scale, V, v_base, start, offs_n, offs_d, stride_vn, S_k,
+                                       True, USE_TMA)
     return acc, l_i, m_i
 
 

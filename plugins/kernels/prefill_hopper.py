@@ -89,20 +89,13 @@ def _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk,
                  WARP_SPEC: tl.constexpr):
     # blocks [lo, hi) lie inside every row's window and below S_k: no window mask, no bounds checks
     # (the padding mask, if any, still applies)
-    if WARP_SPEC:
-        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=True):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
-            v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
-            acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
-                                         qk_scale, False, CAUSAL, HAS_PAD, FOLD_SCALE)
-    else:
-        for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
-            v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
-            acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
-                                         qk_scale, False, CAUSAL, HAS_PAD, FOLD_SCALE)
+    # (the loop attribute tt.warp_specialize is set only when WARP_SPEC is true)
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
+        v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
+        acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
+                                     qk_scale, False, CAUSAL, HAS_PAD, FOLD_SCALE)
     return acc, l_i, m_i
 
 
