@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import NEG_BIG, key_blocks, mask_scores, query_tile
+from edgeattn.plugins.kernels.common import NEG_BIG, key_blocks, load_block, mask_scores, query_tile
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.tuning import HopperVariant, prefill_tile
 
@@ -34,17 +34,21 @@ def _hopper_load(T, base, bh0, bh1, start, offs_n, offs_d, stride_n, S,
     past S read as zeros (descriptors always do)."""
     if DESC:
         t = T.load([bh0, bh1, start, 0]).reshape(ROWS, HEAD_DIM)
-    elif BOUNDS:
-        t = tl.load(T + base + offs_n[:, None] * stride_n + offs_d[None, :], mask=(offs_n < S)[:, None], other=0.0)
     else:
-        t = tl.load(T + base + offs_n[:, None] * stride_n + offs_d[None, :])
+        t = load_block(T, base, start, offs_n, offs_d, stride_n, S, BOUNDS, False)
     return t
 
 
 @triton.jit
-def _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k, qk_scale,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr):
-    # One online-softmax step. q: [BLOCK_M, D]; k, v: [BLOCK_N, D]; acc: [BLOCK_M, D] fp32; log2 domain
+def _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start, offs_d, pos,
+                 Mask, mask_base, window, sinks, S_k, qk_scale,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr,
+                 DESC: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # One online-softmax step over the key block at `start` (MASKED: window mask and S_k bounds).
+    # q: [BLOCK_M, D]; k, v: [BLOCK_N, D]; acc: [BLOCK_M, D] fp32; log2 domain
+    offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
+    k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
+    v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
     qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32 (FOLD_SCALE: already times scale / ln 2)
     qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
     if FOLD_SCALE:
@@ -73,11 +77,9 @@ def _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk
     for t in range(0, n_edge + tl.cdiv(sink_stop, BLOCK_N)):
         start = tl.where(t < n_left, start_n + t * BLOCK_N,
                          tl.where(t < n_edge, full_hi + (t - n_left) * BLOCK_N, (t - n_edge) * BLOCK_N))
-        offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
-        k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
-        v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
-        acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
-                                     qk_scale, True, CAUSAL, HAS_PAD, FOLD_SCALE)
+        acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start,
+                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale,
+                                     True, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
     return acc, l_i, m_i
 
 
@@ -91,11 +93,9 @@ def _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk,
     # (the padding mask, if any, still applies)
     # (the loop attribute tt.warp_specialize is set only when WARP_SPEC is true)
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _hopper_load(K, k_base, b, hk, start_n, offs_n, offs_d, stride_kn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
-        v = _hopper_load(V, v_base, b, hk, start_n, offs_n, offs_d, stride_vn, S_k, False, DESC, BLOCK_N, HEAD_DIM)
-        acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, k, v, pos, offs_n, Mask, mask_base, window, sinks, S_k,
-                                     qk_scale, False, CAUSAL, HAS_PAD, FOLD_SCALE)
+        acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start_n,
+                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale,
+                                     False, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
     return acc, l_i, m_i
 
 
