@@ -23,47 +23,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
+from server_process import HOST, free_port, start_serve  # noqa: E402  (beside this script)
 
-HOST = "127.0.0.1"
 WORDS = ("river stone light heat window sink token cache orbit maple copper signal harbor lantern meadow "
          "quartz ember glacier violet thunder").split()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def start_server(bundle: Path, port: int, slots: int, threads: int, max_queue: int,
                  prefill_in_step: int = 0) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "edgeattn.cli.main", "serve", str(bundle), "--host", HOST, "--port", str(port),
-           "--name", "dec", "--slots", str(slots), "--max-queue", str(max_queue),
-           "--prefill-in-step", str(prefill_in_step)]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stderr.read()}")
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become ready within 300 s")
+    return start_serve([str(bundle), "--name", "dec", "--slots", str(slots), "--max-queue", str(max_queue),
+                        "--prefill-in-step", str(prefill_in_step)], port, threads, ready_s=300)
 
 
 def stop_server(proc: subprocess.Popen) -> None:

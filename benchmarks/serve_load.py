@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -24,35 +23,13 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from server_process import HOST, free_port, start_serve  # noqa: E402  (beside this script)
 
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def start_server(bundle: Path, port: int, max_batch: int, delay_ms: float, threads: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "edgeattn.cli.main", "serve", str(bundle), "--host", HOST, "--port", str(port),
-           "--max-batch", str(max_batch), "--max-queue-delay-ms", str(delay_ms), "--max-queue", "1024"]
-    if threads:
-        cmd += ["--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stderr.read()}")
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.terminate()
-    raise SystemExit("server did not become ready within 120 s")
+    return start_serve([str(bundle), "--max-batch", str(max_batch), "--max-queue-delay-ms", str(delay_ms),
+                        "--max-queue", "1024"], port, threads)
 
 
 def client_inputs(bundle, clients: int, seq: int) -> list[dict[str, np.ndarray]]:

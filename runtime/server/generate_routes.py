@@ -140,10 +140,25 @@ async def _sse(response: web.StreamResponse, doc) -> None:
     await response.write(f"data: {data}\n\n".encode())
 
 
-async def _stream_openai(request: web.Request, model: DecoderRuntime, req: TextRequest, stream: Stream):
-    rid, created, app = request_id(req.chat), now(), request.app
+async def _serve_sse(stream: Stream, events) -> web.StreamResponse:
+    """Server-sent events written by `events(response)`; a client that goes away (or any early end) cancels the
+    stream, which frees its slot."""
     response = web.StreamResponse(headers=SSE_HEADERS)
     try:
+        await events(response)
+        await response.write_eof()
+    except (ClientGone, ConnectionError):
+        pass
+    finally:
+        if stream.job.finish_reason is None:
+            stream.cancel()
+    return response
+
+
+async def _stream_openai(request: web.Request, model: DecoderRuntime, req: TextRequest, stream: Stream):
+    rid, created, app = request_id(req.chat), now(), request.app
+
+    async def events(response: web.StreamResponse) -> None:
         await response.prepare(request)
         if req.chat:
             await _sse(response, chunk_body(req, rid, created, None, None, _parameters(app, 0), role=True))
@@ -163,13 +178,8 @@ async def _stream_openai(request: web.Request, model: DecoderRuntime, req: TextR
                                                      usage(job.prompt_tokens, len(job.tokens), job.evicted)))
                 await _sse(response, "[DONE]")
                 break
-        await response.write_eof()
-    except (ClientGone, ConnectionError):
-        pass
-    finally:
-        if stream.job.finish_reason is None:
-            stream.cancel()
-    return response
+
+    return await _serve_sse(stream, events)
 
 
 async def _answer_openai(request: web.Request, chat: bool) -> web.StreamResponse:
@@ -253,8 +263,8 @@ async def generate(request: web.Request) -> web.Response:
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
     model, stream, _ = await _triton_request(request, stream=True)
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    try:
+
+    async def events(response: web.StreamResponse) -> None:
         await response.prepare(request)
         while True:
             event = await _next(stream, request)
@@ -267,13 +277,8 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                                                   stream.job))
             if finish is not None:
                 break
-        await response.write_eof()
-    except (ClientGone, ConnectionError):
-        pass
-    finally:
-        if stream.job.finish_reason is None:
-            stream.cancel()
-    return response
+
+    return await _serve_sse(stream, events)
 
 
 def add_routes(app: web.Application) -> None:
