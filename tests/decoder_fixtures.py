@@ -43,3 +43,25 @@ def tiny_decoder(tmp_path_factory):
                                      DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX))
     bundle = build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),)))
     return model, tok, onnx_path, bundle.path
+
+
+def bundle_and_torch_logits(model, bundle_path, ids=tuple(range(300, 330)), chunks=((0, 20), (20, 30))):
+    """(the bundle's logits with prefill in `chunks`, the PyTorch model's logits), [S, V] each."""
+    import numpy as np
+    import torch
+
+    from edgeattn.runtime.generation.generator import Generator
+
+    with torch.no_grad():
+        want = model(torch.tensor([list(ids)])).logits[0].numpy()
+    with Generator.open(bundle_path) as gen:
+        cache = gen.model.new_cache(1)
+        got = np.concatenate([gen.model.step(cache, [0], np.array([list(ids)[a:b]]), 0)[0] for a, b in chunks])
+    return got, want
+
+
+def cosines(a, b):
+    """Per-row cosine similarity of two [S, V] arrays."""
+    import numpy as np
+
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import bundle_and_torch_logits, cosines, requires_decoder_stack, tiny_decoder  # noqa: F401
 from edgeattn.errors import ConfigError, ModelError
 
 pytestmark = requires_decoder_stack
@@ -44,23 +44,15 @@ def test_every_constant_matmul_becomes_int4_and_the_metadata_says_so(tiny_decode
 
 
 def test_int4_bundle_generates_close_to_the_float_model(tiny_decoder, int4_decoder):
-    import torch
-
     from edgeattn.bundle.build import BuildConfig, build
-    from edgeattn.runtime.generation.generator import Generator
 
     model, _, _, _ = tiny_decoder
     bundle = build(int4_decoder, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),)))
     manifest = bundle.manifest
     assert manifest.sections["decoder"]["weights"].startswith("int4")
     assert manifest.precision["compute_layers"].get("int4") == 7 * model.config.num_hidden_layers + 1
-    ids = list(range(300, 330))
-    with torch.no_grad():
-        want = model(torch.tensor([ids])).logits[0].numpy()
-    with Generator.open(bundle.path) as gen:
-        cache = gen.model.new_cache(1)
-        got = np.concatenate([gen.model.step(cache, [0], np.array([ids[a:b]]), 0)[0] for a, b in ((0, 20), (20, 30))])
-    cos = (got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))
+    got, want = bundle_and_torch_logits(model, bundle.path)
+    cos = cosines(got, want)
     assert cos.min() > 0.98, cos.min()
     assert np.abs(got - want).max() > 1e-4  # it really ran the quantized weights
 
