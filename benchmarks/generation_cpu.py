@@ -288,7 +288,7 @@ def plan(peers: bool, short: int, long: int, window: int) -> list[tuple[str, str
 
 def measure_one(args) -> None:
     """The hidden sub-command the parent runs once per row: prints one JSON line."""
-    ids = prompt_ids(args.context)
+    ids = json.loads(Path(args.prompt_file).read_text()) if args.prompt_file else prompt_ids(args.context)
     raw = ENGINES[args.engine](args.precision, ids, args.new_tokens, args.window)
     times = raw["decode_times"][WARMUP:]
     print(json.dumps({"prefill_tok_s": len(ids) / raw["prefill_s"], "decode_tok_s": 1.0 / statistics.median(times),
@@ -299,8 +299,15 @@ def measure_one(args) -> None:
 def speed(args) -> dict:
     import importlib.util
 
+    import hashlib
+
     rows = []
     load_before = Path("/proc/loadavg").read_text().split()[:3]
+    prompts = {}  # the ids are fixed once per run, so every row reads the same tokens even if the docs change
+    for ctx in (args.short, args.long):
+        path = GEN / f"prompt_{ctx}.json"
+        path.write_text(json.dumps(prompt_ids(ctx)))
+        prompts[ctx] = path
     for engine, precision, ctx, window in plan(args.peers, args.short, args.long, args.window):
         if args.engines and engine not in args.engines:
             continue
@@ -313,7 +320,8 @@ def speed(args) -> dict:
             row["status"] = "not prepared (prepare --peers)"
         else:
             cmd = [sys.executable, __file__, "measure", "--engine", engine, "--precision", precision,
-                   "--context", str(ctx), "--window", str(window), "--new-tokens", str(args.new_tokens)]
+                   "--context", str(ctx), "--window", str(window), "--new-tokens", str(args.new_tokens),
+                   "--prompt-file", str(prompts[ctx])]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 row["status"] = "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
@@ -322,7 +330,8 @@ def speed(args) -> dict:
         rows.append(row)
         log(table_line(row))
     result = {"machine": {**machine(), "loadavg_before": load_before}, "versions": versions(),
-              "warmup_steps": WARMUP, "rows": rows}
+              "warmup_steps": WARMUP, "rows": rows,
+              "prompt_sha256": {ctx: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for ctx, p in prompts.items()}}
     print(render_table(rows))
     write_json("speed", result)
     return result
@@ -388,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, required=True)
     p.add_argument("--window", type=int, default=0)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prompt-file", help="JSON list of token ids (written by `speed`)")
     args = parser.parse_args(argv)
     {"prepare": prepare, "parity": parity, "speed": speed, "measure": measure_one}[args.command](args)
 
