@@ -39,23 +39,40 @@ def base_url(tmp_path_factory):
     bundles = [tiny_bundle(folder), make_bundle(folder, window_model(), "windowed")]
     app = create_app(bundles, ServeSettings(port=0, warmup_runs=0, max_queue_delay_ms=0, body_timeout_s=5),
                      sensors=False)
+    yield from _serve(app)
+
+
+FUZZ = settings(derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+
+def _serve(app):
     with BackgroundServer(app) as url:
         wait_ready_http(url)
         yield f"http://{url}"
 
 
-def test_the_description_is_served_and_names_every_route(base_url):
+def _described(base_url: str) -> dict:
     status, doc, _ = http(base_url[len("http://"):], "GET", "/openapi.json")
-    assert status == 200 and doc == DESCRIPTION
+    assert status == 200
+    return doc
+
+
+def _no_server_error(case, base_url: str):
+    response = case.call(base_url=base_url, timeout=30)
+    assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+    return response
+
+
+def test_the_description_is_served_and_names_every_route(base_url):
+    doc = _described(base_url)
+    assert doc == DESCRIPTION
     assert {"/v2/models/{model}/infer", "/v2/admin/window", "/v2/admin/window/lock"} <= set(doc["paths"])
 
 
 @schema.include(path_regex="infer|admin").parametrize()
-@settings(max_examples=30, derandomize=True, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(FUZZ, max_examples=30)
 def test_no_request_is_a_server_error(case, base_url):
-    response = case.call(base_url=base_url, timeout=30)
-    assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+    response = _no_server_error(case, base_url)
     if response.status_code >= 400:
         assert "error" in response.json(), response.text[:300]
 
@@ -112,23 +129,19 @@ def gen_url(tmp_path_factory, request):
     app = create_app([tiny_bundle(folder), open_bundle(decoder)],
                      ServeSettings(port=0, warmup_runs=0, max_queue_delay_ms=0, body_timeout_s=5, slots=4),
                      names=["tiny", "dec"], sensors=False)
-    with BackgroundServer(app) as url:
-        wait_ready_http(url)
-        yield f"http://{url}"
+    yield from _serve(app)
 
 
 def test_the_generation_routes_are_described(gen_url):
-    status, doc, _ = http(gen_url[len("http://"):], "GET", "/openapi.json")
-    assert status == 200 and doc == GEN_DESCRIPTION
+    doc = _described(gen_url)
+    assert doc == GEN_DESCRIPTION
     assert {"/v1/completions", "/v1/chat/completions", "/v2/models/{model}/generate_stream"} <= set(doc["paths"])
 
 
 @gen_schema.include(path_regex="v1|generate").parametrize()
-@settings(max_examples=15, derandomize=True, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(FUZZ, max_examples=15)
 def test_no_generation_request_is_a_server_error(case, gen_url):
-    response = case.call(base_url=gen_url, timeout=30)
-    assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+    response = _no_server_error(case, gen_url)
     if response.status_code >= 400:
         error = response.json()["error"]
         assert isinstance(error, str) or {"message", "type", "param", "code"} <= set(error), response.text[:300]
