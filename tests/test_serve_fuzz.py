@@ -63,12 +63,6 @@ def _no_server_error(case, base_url: str):
     return response
 
 
-def test_the_description_is_served_and_names_every_route(base_url):
-    doc = _described(base_url)
-    assert doc == DESCRIPTION
-    assert {"/v2/models/{model}/infer", "/v2/admin/window", "/v2/admin/window/lock"} <= set(doc["paths"])
-
-
 @schema.include(path_regex="infer|admin").parametrize()
 @settings(FUZZ, max_examples=30)
 def test_no_request_is_a_server_error(case, base_url):
@@ -132,10 +126,13 @@ def gen_url(tmp_path_factory, request):
     yield from _serve(app)
 
 
-def test_the_generation_routes_are_described(gen_url):
-    doc = _described(gen_url)
-    assert doc == GEN_DESCRIPTION
-    assert {"/v1/completions", "/v1/chat/completions", "/v2/models/{model}/generate_stream"} <= set(doc["paths"])
+@pytest.mark.parametrize("server, description, routes", [
+    ("base_url", DESCRIPTION, {"/v2/models/{model}/infer", "/v2/admin/window", "/v2/admin/window/lock"}),
+    ("gen_url", GEN_DESCRIPTION, {"/v1/completions", "/v1/chat/completions", "/v2/models/{model}/generate_stream"}),
+])
+def test_the_description_is_served_and_names_every_route(request, server, description, routes):
+    doc = _described(request.getfixturevalue(server))
+    assert doc == description and routes <= set(doc["paths"])
 
 
 @gen_schema.include(path_regex="v1|generate").parametrize()
