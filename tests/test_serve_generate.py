@@ -291,7 +291,9 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_decoder):
     _, server = _server([open_bundle(tiny_decoder[3])], ["dec"], slots=1, max_queue=1)
     with server as url:
         wait_ready_http(url)
-        body = {"model": "dec", "prompt": PROMPTS[0], "temperature": 0, "max_tokens": 500, "stream": True}
+        # sampled, not greedy: the tiny random model's greedy stream can reach end-of-text within a few tokens,
+        # which would free the slot before the third request arrives
+        body = {"model": "dec", "prompt": PROMPTS[0], "temperature": 1.0, "seed": 1, "max_tokens": 500, "stream": True}
         running, r1 = open_stream(url, "/v1/completions", body)
         queued, r2 = open_stream(url, "/v1/completions", body)
         try:
