@@ -1,7 +1,8 @@
 """edgeattn: take transformer models to Jetson (Orin, Thor) and H100-class GPUs.
 
 Stages, each usable alone: quantize / sparsify (PyTorch) -> export (ONNX with
-edgeattn::WindowedAttention) -> build (a bundle for cpu, rtx, orin, thor, h100) -> serve.
+edgeattn::WindowedAttention; --decoder for generation) -> build (a bundle for cpu, rtx, orin, thor,
+h100) -> serve / generate. `edgeattn pipeline RECIPE.toml` runs them all.
 """
 
 from __future__ import annotations
