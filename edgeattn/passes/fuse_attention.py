@@ -15,6 +15,7 @@ from onnxscript.rewriter import pattern
 from edgeattn.attention import DOMAIN, OP_TYPE, OPSET_VERSION
 from edgeattn.errors import ModelError, StrictModeError
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes import fuse_attention_contrib as contrib
 from edgeattn.passes import fuse_attention_masks as masks_mod
 from edgeattn.passes.fuse_attention_rules import SoftmaxAttention, StandardAttention
 
@@ -42,7 +43,8 @@ def _mask_candidates(graph: ir.Graph) -> tuple[dict[str, str], list[tuple[str, b
 
 def _mask_meanings(model: ir.Model) -> tuple[dict, str | None]:
     softmax_masks, attention_masks = _mask_candidates(model.graph)
-    names = sorted(set(softmax_masks) | {n for n, _ in attention_masks})
+    index_masks = contrib.mask_inputs(model.graph)
+    names = sorted(set(softmax_masks) | {n for n, _ in attention_masks} | {n for n, _ in index_masks})
     if not names:
         return {}, None
     values, pad = masks_mod.probe(ir.serde.serialize_model(model), names)
@@ -55,6 +57,10 @@ def _mask_meanings(model: ir.Model) -> tuple[dict, str | None]:
         kind = "keep" if not isinstance(value, str) and value.dtype == bool else "add"
         allowed = masks_mod.allowed_from(value, kind) if not isinstance(value, str) else value
         meanings[(name, is_causal)] = masks_mod.meaning(allowed, pad, is_causal=is_causal)
+    for name, is_causal in index_masks:  # com.microsoft mask_index / key_padding_mask
+        value = values[name]
+        allowed = contrib.allowed_from_index(value) if not isinstance(value, str) else value
+        meanings[("index", name, is_causal)] = masks_mod.meaning(allowed, pad, is_causal=is_causal)
     return meanings, pad
 
 
@@ -75,6 +81,9 @@ def _leftovers(graph: ir.Graph, failures: dict[str, str]) -> list[dict[str, str]
     for node in graph:
         if _is(node, "Attention"):
             left.append({"node": _label(node), "reason": failures.get(node.outputs[0].name, "Attention form not recognised")})
+        if contrib.is_contrib_attention(node):
+            reason = failures.get(node.outputs[0].name) or contrib.unsupported(node)
+            left.append({"node": _label(node), "reason": reason or f"com.microsoft {node.op_type} form not recognised"})
         if not _is(node, "Softmax"):
             continue
         matmul = _first_matmul_after(node)
@@ -90,8 +99,8 @@ def _leftovers(graph: ir.Graph, failures: dict[str, str]) -> list[dict[str, str]
 
 def candidates(graph: ir.Graph) -> list[ir.Node]:
     """The graph's attention blocks, unfused: Attention nodes and the MatMuls of softmax(.) V."""
-    return [n if _is(n, "Attention") else _first_matmul_after(n) for n in graph
-            if _is(n, "Attention") or (_is(n, "Softmax") and _first_matmul_after(n))]
+    return [n if _is(n, "Attention") or contrib.is_contrib_attention(n) else _first_matmul_after(n) for n in graph
+            if _is(n, "Attention") or contrib.is_contrib_attention(n) or (_is(n, "Softmax") and _first_matmul_after(n))]
 
 
 def _label(node: ir.Node) -> str:
@@ -143,7 +152,8 @@ class FuseAttention:
         failures: dict[str, str] = {}
         rules = [SoftmaxAttention("softmax-attention", window, padding, meanings, failures),
                  StandardAttention("attention-op-masked", window, padding, meanings, failures, with_mask=True),
-                 StandardAttention("attention-op", window, padding, meanings, failures, with_mask=False)]
+                 StandardAttention("attention-op", window, padding, meanings, failures, with_mask=False),
+                 *contrib.rules(window, padding, meanings, failures)]
         rule_set = pattern.RewriteRuleSet(
             [pattern.RewriteRule(r.pattern, r.rewrite, r.check, name=r.name) for r in rules], commute=True)
         rule_set.apply_to_model(model)
