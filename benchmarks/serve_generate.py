@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +39,65 @@ WORDS = ("river stone light heat window sink token cache orbit maple copper sign
 
 
 def start_server(bundle: Path, port: int, slots: int, threads: int, max_queue: int,
-                 prefill_in_step: int = 0) -> subprocess.Popen:
-    return start_serve([str(bundle), "--name", "dec", "--slots", str(slots), "--max-queue", str(max_queue),
-                        "--prefill-in-step", str(prefill_in_step)], port, threads, ready_s=300)
+                 prefill_in_step: int = 0, prefill_chunk: int = 0, window_max: int = 0) -> subprocess.Popen:
+    args = [str(bundle), "--name", "dec", "--slots", str(slots), "--max-queue", str(max_queue),
+            "--prefill-in-step", str(prefill_in_step)]
+    if prefill_chunk:
+        args += ["--prefill-chunk", str(prefill_chunk)]
+    if window_max:  # a smaller ring than the bundle's (the child reads its settings from the environment too)
+        os.environ["EDGEATTN_SERVE_WINDOW_MAX"] = str(window_max)
+    return start_serve(args, port, threads, ready_s=300)
+
+
+def server_stats(url: str) -> dict:
+    """The decoder's statistics (slot moves and the scheduler's step profile)."""
+    with urllib.request.urlopen(url + "/v2/models/dec/stats", timeout=30) as r:
+        return json.loads(r.read())["model_stats"][0]
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU time (user + system) of a process, or of one of its threads."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+class Probe:
+    """What the server and this client did during one round: the step profile's totals and iterations, CPU
+    seconds of the server (all threads; its event-loop thread alone) and of this client process, load average."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        self.url, self.pid = url, pid
+        self.stats = server_stats(url)
+        self.server_cpu, self.loop_cpu = cpu_seconds(pid), cpu_seconds(pid, pid)
+        self.client_cpu, self.load = time.process_time(), load_average()
+
+    def result(self) -> dict:
+        after, before = server_stats(self.url), self.stats
+        p0, p1 = before["profile"], after["profile"]
+        iterations = p1["iterations"] - p0["iterations"]
+        phases = {k: 1e3 * (p1["seconds"][k] - p0["seconds"][k]) / max(iterations, 1) for k in p1["seconds"]}
+        recent = [r for r in p1["recent"] if r[0] > p0["iterations"]]
+
+        def pct(rows: list, col: int, q: float) -> float:
+            return float(np.percentile([r[col] for r in rows], q)) if rows else float("nan")
+
+        decode = [r for r in recent if r[1] > 0]
+        plain = [r for r in decode if r[2] == 0]  # decode steps that carried no prefill chunk
+        return {"iterations": iterations, "ms_per_iteration": phases,
+                "iteration_ms_p50": pct(decode, 3, 50), "iteration_ms_p99": pct(decode, 3, 99),
+                "decode_model_ms_p50": pct(plain, 4, 50), "decode_model_ms_p99": pct(plain, 4, 99),
+                "iterations_with_prefill": sum(1 for r in decode if r[2]), "decode_iterations": len(decode),
+                "rows_mean": float(np.mean([r[1] for r in decode])) if decode else 0.0,
+                "slot_moves": after["slot_moves"] - before["slot_moves"],
+                "server_cpu_s": cpu_seconds(self.pid) - self.server_cpu,
+                "server_loop_thread_cpu_s": cpu_seconds(self.pid, self.pid) - self.loop_cpu,
+                "client_cpu_s": time.process_time() - self.client_cpu,
+                "loadavg": [self.load, load_average()]}
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -178,8 +236,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating single/batched rounds")
     ap.add_argument("--prefill-in-step", type=int, default=0,
                     help="server --prefill-in-step: prompts up to this long are prefilled inside the decode steps")
+    ap.add_argument("--prefill-chunk", type=int, default=0, help="server --prefill-chunk [default: its own]")
+    ap.add_argument("--window-max", type=int, default=0, help="ring rows per slot [default: the bundle's]")
     ap.add_argument("--threads", type=int, default=0, help="server ONNX Runtime threads [default: its own]")
-    ap.add_argument("--skip", choices=["correctness", "batching"], action="append", default=[])
+    ap.add_argument("--curve-repeats", type=int, default=7, help="passes of the in-process step-cost curve")
+    ap.add_argument("--json", type=Path, help="write the batching rounds (with the server's profile) here")
+    ap.add_argument("--skip", choices=["correctness", "batching", "steps"], action="append", default=[])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         bundle = args.bundle or tiny_bundle(Path(tmp))
@@ -201,22 +263,72 @@ def main() -> None:
         if "batching" not in args.skip:
             port = free_port()
             proc = start_server(bundle, port, args.concurrency, args.threads, max_queue=256,
-                                prefill_in_step=args.prefill_in_step)
+                                prefill_in_step=args.prefill_in_step, prefill_chunk=args.prefill_chunk,
+                                window_max=args.window_max)
             url = f"http://{HOST}:{port}"
             single, batched = [], []
             try:
                 asyncio.run(batching(url, 1, 1, 8))  # warm-up
                 for r in range(args.rounds):
-                    single.append(asyncio.run(batching(url, 1, max(2, args.batch_requests), args.batch_tokens)))
-                    batched.append(asyncio.run(batching(url, args.concurrency, args.batch_requests,
-                                                        args.batch_tokens)))
-                    print(f"round {r + 1}: single {single[-1]}\n         batched {batched[-1]}", flush=True)
+                    for runs, concurrency, each in ((single, 1, max(2, args.batch_requests)),
+                                                    (batched, args.concurrency, args.batch_requests)):
+                        probe = Probe(url, proc.pid)
+                        runs.append(asyncio.run(batching(url, concurrency, each, args.batch_tokens)))
+                        runs[-1]["server"] = probe.result()
+                    print(f"round {r + 1}: single {brief(single[-1])}\n         batched {brief(batched[-1])}",
+                          flush=True)
             finally:
                 stop_server(proc)
-            report(single, batched, args)
+            summary = report(single, batched, args)
+            if args.json:
+                args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                 "single": single, "batched": batched, "summary": summary},
+                                                indent=1))
+        if "steps" not in args.skip:
+            step_curve(bundle, args)
 
 
-def report(single: list[dict], batched: list[dict], args) -> None:
+def brief(run: dict) -> str:
+    keys = ("tokens_per_s", "itl_p50_ms", "itl_p99_ms", "ttft_p50_ms", "errors")
+    srv = run["server"]
+    return (" ".join(f"{k}={run[k]:.1f}" for k in keys) + f" | server: iteration p50/p99 {srv['iteration_ms_p50']:.0f}/"
+            f"{srv['iteration_ms_p99']:.0f} ms, decode call p50 {srv['decode_model_ms_p50']:.0f} ms, rows "
+            f"{srv['rows_mean']:.1f}, {srv['iterations_with_prefill']}/{srv['decode_iterations']} with a prefill "
+            f"chunk; cpu s server {srv['server_cpu_s']:.1f} (loop thread {srv['server_loop_thread_cpu_s']:.1f}) "
+            f"client {srv['client_cpu_s']:.1f}; load {srv['loadavg'][0]:.1f}-{srv['loadavg'][1]:.1f}")
+
+
+def step_curve(bundle: Path, args) -> None:
+    """In this process, no server: the model call of a decode step at 1..16 rows and of a one-row prefill chunk
+    of 1..64 tokens (streams at position 16), interleaved over `--curve-repeats` passes, median ms."""
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+
+    model = DecoderModel(open_bundle(bundle), window_max=args.window_max or None, threads=args.threads).activate()
+    cache = model.new_cache(args.concurrency)
+    shapes = [("rows", n) for n in sorted({1, 2, 4, 8, args.concurrency})] + \
+             [("chunk", n) for n in (1, 2, 4, 8, 16, 32, 64) if n <= model.layout.window_max]
+    times: dict = {shape: [] for shape in shapes}
+    load = [load_average()]
+    for _ in range(args.curve_repeats + 1):  # the first pass warms up and is dropped
+        for kind, n in shapes:
+            rows, width = (n, 1) if kind == "rows" else (1, n)
+            cache.positions[:] = 16
+            before = time.perf_counter()
+            model.step(cache, list(range(rows)), np.ones((rows, width), dtype=np.int64), 0)
+            times[(kind, n)].append(time.perf_counter() - before)
+    load.append(load_average())
+    one = float(np.median(times[("rows", 1)][1:]))
+    print(f"\nmodel call per step (median of {args.curve_repeats}, load {load[0]:.1f}-{load[1]:.1f}):\n"
+          "| step | ms | x one-row decode step |\n|---|---|---|")
+    for kind, n in shapes:
+        ms = 1e3 * float(np.median(times[(kind, n)][1:]))
+        label = f"decode, {n} rows" if kind == "rows" else f"prefill chunk, {n} tokens"
+        print(f"| {label} | {ms:.1f} | {ms / 1e3 / one:.2f} |")
+    model.deactivate()
+
+
+def report(single: list[dict], batched: list[dict], args) -> dict:
     def total(runs: list[dict], key: str) -> float:
         return sum(r[key] for r in runs)
 
@@ -234,6 +346,14 @@ def report(single: list[dict], batched: list[dict], args) -> None:
     print(f"\n(prefill in step up to {args.prefill_in_step} tokens)")
     print(f"throughput {b_tps / s_tps:.2f}x one-request-at-a-time (target >= 3x); p99 ITL {b_p99 / s_p99:.2f}x "
           f"the single stream's (target <= 2x)")
+    print("\nserver, ms per scheduler iteration (mean over the rounds):\n| phase | one at a time | "
+          f"{args.concurrency} streams |\n|---|---|---|")
+    for phase in single[0]["server"]["ms_per_iteration"]:
+        s_ms = np.mean([r["server"]["ms_per_iteration"][phase] for r in single])
+        b_ms = np.mean([r["server"]["ms_per_iteration"][phase] for r in batched])
+        print(f"| {phase} | {s_ms:.2f} | {b_ms:.2f} |")
+    return {"tokens_per_s_ratio": b_tps / s_tps, "itl_p99_ratio": b_p99 / s_p99, "single_tokens_per_s": s_tps,
+            "batched_tokens_per_s": b_tps, "single_itl_p99_ms": s_p99, "batched_itl_p99_ms": b_p99}
 
 
 if __name__ == "__main__":

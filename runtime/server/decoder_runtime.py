@@ -53,7 +53,7 @@ class DecoderRuntime:
     def __init__(self, bundle: Bundle, name: str, settings: ServeSettings, window: LiveWindow,
                  metrics: ServerMetrics) -> None:
         self.name, self.bundle, self.settings = name, bundle, settings
-        self.model = DecoderModel(bundle, threads=settings.threads)
+        self.model = DecoderModel(bundle, window_max=settings.window_max or None, threads=settings.threads)
         self.live_window, self.metrics = window, metrics
         self.ready = False
         self.created = int(time.time())
@@ -123,11 +123,12 @@ class DecoderRuntime:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(self._route, events)
+                loop.call_soon_threadsafe(self._route, events, time.perf_counter())
             except RuntimeError:  # the loop closed meanwhile
                 pass
 
-    def _route(self, events: list[tuple[Job, Event]]) -> None:
+    def _route(self, events: list[tuple[Job, Event]], sent: float) -> None:
+        self.scheduler.profile.add("loop_lag", time.perf_counter() - sent)
         for job, event in events:
             queue = self._streams.get(job)
             if queue is None:
@@ -165,4 +166,5 @@ class DecoderRuntime:
 
     def statistics(self) -> dict:
         return {"name": self.name, "version": "1", "slots": self.settings.slots, "busy": self.scheduler.busy,
-                "waiting": self.scheduler.depth, "slot_moves": self.scheduler.moves}
+                "waiting": self.scheduler.depth, "slot_moves": self.scheduler.moves,
+                "profile": self.scheduler.profile.snapshot()}

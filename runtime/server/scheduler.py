@@ -28,6 +28,7 @@ import numpy as np
 from edgeattn.runtime.generation.decoder_bundle import DecoderModel
 from edgeattn.runtime.generation.sampling import Sampler
 from edgeattn.runtime.generation.text import TextStream
+from edgeattn.runtime.server.step_profile import StepProfile
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
 
@@ -118,6 +119,7 @@ class SlotScheduler:
         self._thread: threading.Thread | None = None
         self._events: list[tuple[Job, Event]] = []
         self.moves = 0  # slot moves (cache row copies) so far
+        self.profile = StepProfile()
 
     # --- the event loop's side -------------------------------------------------------------------------
     @property
@@ -160,10 +162,14 @@ class SlotScheduler:
 
     # --- the worker --------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        clock, profile = time.perf_counter, self.profile
         while True:
             with self._cv:
-                while self._running and self.idle():
-                    self._cv.wait()
+                if self._running and self.idle():
+                    before = clock()
+                    while self._running and self.idle():
+                        self._cv.wait()
+                    profile.add("wait", clock() - before)
                 if not self._running:
                     aborting = list(self.decoding) + ([self.prefilling] if self.prefilling else []) + list(self.waiting)
                     for job in aborting:
@@ -176,14 +182,18 @@ class SlotScheduler:
                     for job in self.waiting:
                         self._finish(job, FINISH_ABORT)
                     self.waiting.clear()
+                before = clock()
                 self._admit()
+                profile.add("admit", clock() - before)
             try:
                 self._iteration()
             except Exception as exc:  # a backend failure ends the jobs in flight, not the server
                 for job in list(self.decoding) + ([self.prefilling] if self.prefilling else []):
                     self._finish(job, f"error: {type(exc).__name__}: {exc}")
                 self.decoding, self.prefilling = [], None
+            before = clock()
             self._flush()
+            profile.add("deliver", clock() - before)
 
     def _admit(self) -> None:
         while self.waiting and self.busy < self.slots:
@@ -209,36 +219,58 @@ class SlotScheduler:
         return w if w <= self.model.layout.window_max else 0  # a window beyond the ring is the whole ring
 
     def _iteration(self) -> None:
+        clock, profile = time.perf_counter, self.profile
+        start = clock()
         window = self._current_window()
         for job in list(self.decoding) + ([self.prefilling] if self.prefilling else []):
             if job.cancelled or self._ending:
                 self._finish(job, FINISH_ABORT)
         self._compact()
+        profile.add("compact", clock() - start)
+        prefill_tokens, prefill_s, decode_s, rows = 0, 0.0, 0.0, len(self.decoding)
         if self.prefilling is not None:
-            self._prefill_chunk(self.prefilling, window)
+            prefill_tokens, prefill_s = self._prefill_chunk(self.prefilling, window)
         if self.decoding:
-            self._decode_step(window)
+            rows = len(self.decoding)
+            decode_s = self._decode_step(window)
+        before = clock()
         self._compact()
         if self.metrics is not None:
             self._report()
+        profile.add("compact", clock() - before)
+        profile.iteration(rows, prefill_tokens, clock() - start, decode_s, prefill_s)
 
-    def _prefill_chunk(self, job: Job, window: int) -> None:
+    def _prefill_chunk(self, job: Job, window: int) -> tuple[int, float]:
+        """One chunk of the job being prefilled: (its tokens, the model call's seconds)."""
         piece = job.prompt[job.prefilled:job.prefilled + self.prefill_chunk]
+        before = time.perf_counter()
         logits = self.model.step(self.cache, [job.slot], np.asarray([piece], dtype=np.int64), window)
+        seconds = time.perf_counter() - before
+        self.profile.add("prefill_model", seconds)
         job.prefilled += len(piece)
         if job.prefilled == len(job.prompt):
             self.prefilling = None
             self.decoding.append(job)  # its slot is len(decoding) before the append
-            self._accept(job, job.sampler(logits[0, -1]), window)
+            self._accept(job, self._sample(job, logits[0, -1]), window)
+        return len(piece), seconds
 
-    def _decode_step(self, window: int) -> None:
+    def _sample(self, job: Job, logits: np.ndarray) -> int:
+        before = time.perf_counter()
+        token = job.sampler(logits)
+        self.profile.add("sample", time.perf_counter() - before)
+        return token
+
+    def _decode_step(self, window: int) -> float:
+        """One decode step over every decoding slot; returns the model call's seconds."""
         jobs = list(self.decoding)
         ids = np.asarray([[j.prompt[j.prefilled] if j.prefilled < len(j.prompt) else j.tokens[-1]] for j in jobs],
                          dtype=np.int64)
         before = time.perf_counter()
         logits = self.model.step(self.cache, list(range(len(jobs))), ids, window)
+        seconds = time.perf_counter() - before
+        self.profile.add("decode_model", seconds)
         if self.metrics is not None:
-            self.metrics.step_seconds.labels(self.model_name).observe(time.perf_counter() - before)
+            self.metrics.step_seconds.labels(self.model_name).observe(seconds)
             self.metrics.step_rows.labels(self.model_name).observe(len(jobs))
             overflow = sum(1 for j in jobs if self.cache.positions[j.slot] > self.model.layout.capacity)
             if overflow:
@@ -248,10 +280,17 @@ class SlotScheduler:
                 job.prefilled += 1
                 if job.prefilled < len(job.prompt):
                     continue
-            self._accept(job, job.sampler(logits[row, -1]), window)
+            self._accept(job, self._sample(job, logits[row, -1]), window)
+        return seconds
 
     def _accept(self, job: Job, token: int, window: int) -> None:
         now = time.perf_counter()
+        try:
+            self._take(job, token, window, now)
+        finally:
+            self.profile.add("accept", time.perf_counter() - now)
+
+    def _take(self, job: Job, token: int, window: int, now: float) -> None:
         if self.metrics is not None:
             if job.tokens or job.last_token_at:
                 self.metrics.itl.labels(self.model_name).observe(now - job.last_token_at)

@@ -27,6 +27,7 @@ class ServeSettings:
     slots: int = 8  # decoder bundles: requests generating at once (one KV-cache row each), batched every step
     prefill_chunk: int = 64  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps)
     prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
+    window_max: int = 0  # decoder bundles: ring rows per slot (0: the bundle's window_max)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -39,7 +40,7 @@ class ServeSettings:
         for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
-        for name in ("threads", "window", "warmup_runs", "prefill_in_step"):
+        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
 
