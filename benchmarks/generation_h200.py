@@ -1,7 +1,11 @@
 """Generation on the H200: correctness on CUDA, the decode and prefill kernel criteria, and SmolLM2-shaped
 decode tokens/s against Hugging Face `generate` (static cache, SDPA) in the same run (issue 17, numbers 1 and 5).
 
-    python benchmarks/generation_h200.py [--out results.json] [--smoke]
+    python benchmarks/generation_h200.py [--out results.json] [--smoke] [--parts kernels,parity,...]
+
+Parts: kernels, parity, decode_kernel, prefill (the prefill criterion through the dispatcher), speed, and
+prefill_sweep (not run by default: prefill tile x kernel-variant candidates per window, to fill
+tuning.PREFILL_WINDOW_TABLE).
 
 The model is SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads, D 64, vocab 49152) with random weights:
 the package's weights do not fit the device machine's transfer limit, and speed does not depend on them;
@@ -34,13 +38,13 @@ def smollm2_shaped(dtype, device, layers=30, vocab=49152, seed=0):
     return model.to(device=device, dtype=dtype).eval()
 
 
-def kernel_ms(fn):
+def kernel_ms(fn, rep=200):
     """Median GPU time in ms of `fn` captured in a CUDA graph and replayed (triton.testing.do_bench_cudagraph):
     a decode kernel runs for tens of microseconds, less than Python takes to launch it, so timing eager calls
     measures the host (do_bench gave 0.045 to 0.11 ms for the same call on two machines)."""
     import triton.testing
 
-    return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
 
 
 def _events_ms(fn, n=50):
@@ -148,23 +152,103 @@ def decode_kernel_criterion(device, dtype, smoke):
     return rows
 
 
+PREFILL_WINDOWS = (0, 4096, 1024, 256)  # 0 = full
+PREFILL_SHAPE = (2, 32, 8192, 128)  # B, H, S, D (bf16, causal, 4 sinks)
+# --parts prefill_sweep: (tile, HopperVariant fields) candidates, most promising first (a spent budget skips the
+# tail); each is checked against SDPA with the equivalent mask, then timed at every window
+SWEEP_TILES = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 3), (64, 32, 4, 2), (128, 128, 8, 3)]
+SWEEP_VARIANTS = [dict(desc=True, sink_block=True, split_edges=True, one_loop=True),
+                  dict(desc=True, sink_block=True, split_edges=True), dict(desc=True),
+                  dict(sink_block=True, split_edges=True, one_loop=True), dict(desc=True, one_loop=True),
+                  dict(desc=True, sink_block=True), dict(desc=True, fold_scale=True, sink_block=True, split_edges=True)]
+
+
+def _prefill_inputs(device, dtype, smoke):
+    b, h, s, d = PREFILL_SHAPE if not smoke else (1, 2, 256, 16)
+    g = torch.Generator(device="cpu").manual_seed(17)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(device, dtype) for _ in range(3))
+    return q, k, v, (PREFILL_WINDOWS if not smoke else (0, 64, 16))
+
+
+def _sdpa_reference(q, k, v, window, sinks):
+    """SDPA with the boolean mask of a causal window plus sinks (the same rule as edgeattn's reference)."""
+    import torch.nn.functional as F
+
+    from edgeattn.attention.reference import allowed_mask_np
+
+    allowed = torch.from_numpy(allowed_mask_np(q.shape[2], k.shape[2], window, sinks, True)).to(q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
 def prefill_criterion(device, dtype, smoke):
-    """time / attended pairs relative to the full window (<= 1.25 for W >= 1024, <= 2.0 for W = 256)."""
+    """time / attended pairs relative to the full window (<= 1.25 for W >= 1024, <= 2.0 for W = 256), each window
+    through the dispatcher with its window hint (the tile and kernel tuning.PREFILL_WINDOW_TABLE picks for it),
+    each output checked against SDPA with the equivalent mask."""
+    from edgeattn.plugins.kernels import tuning
     from edgeattn.plugins.kernels.dispatch import windowed_prefill
     from edgeattn.plugins.kernels.flops import attended_pairs
+    from edgeattn.plugins.kernels.launch import device_arch
 
-    b, h, s, d = (2, 32, 8192, 128) if not smoke else (1, 2, 256, 16)
-    q = torch.randn(b, h, s, d, device=device, dtype=dtype)
-    k, v = torch.randn_like(q), torch.randn_like(q)
+    q, k, v, windows = _prefill_inputs(device, dtype, smoke)
+    s, d = q.shape[2], q.shape[3]
     rows, base = [], None
-    for w in ((0, 4096, 1024, 256) if not smoke else (0, 64, 16)):
+    for w in windows:
         wt = torch.tensor(w, device=device)
-        t = kernel_ms(lambda: windowed_prefill(q, k, v, wt, sinks=4, window_hint=w or s)) / 1e3
+        run = lambda: windowed_prefill(q, k, v, wt, sinks=4, window_hint=w or s)  # noqa: E731
+        err = float((run().float() - _sdpa_reference(q, k, v, w, 4).float()).abs().max())
+        t = kernel_ms(run) / 1e3
         pairs = attended_pairs(s, s, w, 4, True)
         per_pair = t / pairs
         base = base or per_pair
-        rows.append({"window": w or s, "ms": 1e3 * t, "pairs": pairs, "time_per_pair_vs_full": per_pair / base})
+        tile, variant = tuning.prefill_config_for_window(device_arch(q.device), d, w)
+        rows.append({"window": w or s, "ms": 1e3 * t, "pairs": pairs, "time_per_pair_vs_full": per_pair / base,
+                     "max_abs_err_vs_sdpa": err, "tile": list(tile), "kernel": variant.name if variant else "default"})
     return rows
+
+
+def prefill_sweep(device, dtype, smoke, budget_s=420.0):
+    """Every (tile, variant) candidate at every window: checked against SDPA, then timed (CUDA-graph replays).
+    Returns the candidates' rows and the best per window, with its time per pair relative to the best full."""
+    from edgeattn.plugins.kernels.dispatch import windowed_prefill
+    from edgeattn.plugins.kernels.flops import attended_pairs
+    from edgeattn.plugins.kernels.tuning import HopperVariant
+
+    q, k, v, windows = _prefill_inputs(device, dtype, smoke)
+    s = q.shape[2]
+    refs = {w: _sdpa_reference(q, k, v, w, 4) for w in windows}
+    tiles = SWEEP_TILES if not smoke else [(16, 16, 4, 2)]
+    rows, t0 = [], time.perf_counter()
+    for variant in SWEEP_VARIANTS:
+        for tile in tiles:
+            name = f"{HopperVariant(**variant).name} {tile}"
+            if time.perf_counter() - t0 > budget_s:
+                rows.append({"name": name, "status": "skipped: budget spent"})
+                continue
+            row = {"name": name, "tile": list(tile), "hopper": variant, "ms": {}, "err": {}}
+            try:
+                for w in windows:
+                    wt = torch.tensor(w, device=device)
+                    run = lambda: windowed_prefill(q, k, v, wt, sinks=4, tile=tile, hopper=variant)  # noqa: E731
+                    row["err"][w] = float((run().float() - refs[w].float()).abs().max())
+                    if not row["err"][w] <= 2e-2:
+                        raise AssertionError(f"max abs error {row['err'][w]:.3g} at W={w}")
+                    row["ms"][w] = kernel_ms(run, rep=100)
+                row["status"] = "ok"
+            except Exception as exc:  # a candidate that does not compile or is wrong: record why, go on
+                row["status"] = f"{type(exc).__name__}: {str(exc)[-300:]}"
+            print(name, row["status"], {w: round(m, 4) for w, m in row["ms"].items()}, flush=True)
+            rows.append(row)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    best = {}
+    for w in windows:
+        r = min(ok, key=lambda r: r["ms"][w], default=None)
+        if r is not None:
+            best[w or s] = {"name": r["name"], "tile": r["tile"], "hopper": r["hopper"], "ms": r["ms"][w],
+                            "pairs": attended_pairs(s, s, w, 4, True)}
+    full = best.get(s)
+    for b in best.values():
+        b["time_per_pair_vs_full"] = (b["ms"] / b["pairs"]) / (full["ms"] / full["pairs"]) if full else None
+    return {"candidates": rows, "best": best, "seconds": time.perf_counter() - t0}
 
 
 def decode_speed(device, smoke):
@@ -229,8 +313,9 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
-        global timed
+        global timed, kernel_ms
         timed = lambda fn, repeat=1, warmup=0: (lambda t: (fn(), time.perf_counter() - t)[1])(time.perf_counter())  # noqa: E731
+        kernel_ms = lambda fn, rep=0: 1e3 * timed(fn)  # noqa: E731
         torch.cuda.synchronize = lambda: None
     result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
               "torch": torch.__version__}
@@ -239,7 +324,8 @@ def main() -> None:
     steps = {"kernels": lambda: kernel_checks(device, kdtype, args.smoke),
              "parity": lambda: parity(device, args.smoke),
              "decode_kernel": lambda: decode_kernel_criterion(device, torch.bfloat16, args.smoke),
-             "prefill": lambda: prefill_criterion(device, torch.bfloat16, args.smoke),
+             "prefill": lambda: prefill_criterion(device, kdtype, args.smoke),
+             "prefill_sweep": lambda: prefill_sweep(device, kdtype, args.smoke),
              "speed": lambda: decode_speed(device, args.smoke)}
     for name in parts:
         t = time.perf_counter()

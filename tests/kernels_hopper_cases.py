@@ -41,6 +41,10 @@ VARIANTS = {
     "desc": HopperVariant(desc=True),
     "ptr+fold+ls2": HopperVariant(fold_scale=True, loop_stages=2),
     "desc+fold+ws": HopperVariant(desc=True, fold_scale=True, warp_specialize=True),
+    "desc+sink+split": HopperVariant(desc=True, sink_block=True, split_edges=True),
+    "ptr+fold+sink+split": HopperVariant(fold_scale=True, sink_block=True, split_edges=True),
+    "desc+sink+split+one": HopperVariant(desc=True, sink_block=True, split_edges=True, one_loop=True),
+    "ptr+one": HopperVariant(one_loop=True),
 }
 TILES = {"16x16": (16, 16, 4, 2), "32x16": (32, 16, 4, 2)}  # BLOCK_M > BLOCK_N: diagonal spans two blocks
 
@@ -68,7 +72,7 @@ def main() -> None:
     for vname, variant in VARIANTS.items():
         for tname, tile in TILES.items():
             for name in CASES:
-                if tname == "32x16" and vname not in ("ptr", "desc"):
+                if tname == "32x16" and vname not in ("ptr", "desc", "desc+sink+split", "desc+sink+split+one"):
                     continue  # keep the run short: the other variants share the tile logic
                 errors[f"{vname}:{tname}:{name}"] = run_case(name, tile=tile, hopper=variant)
     # a misaligned view (row stride 9 halves = 18 bytes) falls back to plain loads and says why

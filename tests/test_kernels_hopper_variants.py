@@ -39,8 +39,11 @@ def test_every_variant_matches_the_reference(errors):
 
 def test_every_variant_tile_and_case_ran(errors):
     variants = {k.split(":")[0] for k in errors}
-    assert {"ptr", "desc", "ptr+fold+ls2", "desc+fold+ws"} <= variants
+    assert {"ptr", "desc", "ptr+fold+ls2", "desc+fold+ws", "desc+sink+split", "ptr+fold+sink+split",
+            "desc+sink+split+one", "ptr+one"} <= variants
     assert sum(k.startswith("desc:32x16:") for k in errors) == 9  # BLOCK_M > BLOCK_N with descriptors
+    assert sum(k.startswith("desc+sink+split:32x16:") for k in errors) == 9
+    assert sum(k.startswith("desc+sink+split+one:32x16:") for k in errors) == 9
 
 
 def test_misaligned_descriptors_fall_back_with_a_reason(errors):
@@ -63,6 +66,14 @@ def test_window_table_picks_by_window(monkeypatch):
     with pytest.raises(ConfigError, match="loop_stages"):
         tuning.HopperVariant(loop_stages=0)
     assert tuning.HopperVariant(desc=True, fold_scale=True, loop_stages=3, warp_specialize=True).name == "desc+fold+ls3+ws"
+    assert tuning.HopperVariant(desc=True, sink_block=True, split_edges=True).name == "desc+sink+split"
+
+
+def test_sink_block_width():
+    from edgeattn.plugins.kernels.prefill_hopper import sink_block_keys
+
+    assert [sink_block_keys(s, 64) for s in (0, 1, 4, 16, 17, 33, 64, 65)] == [0, 16, 16, 16, 32, 64, 64, 0]
+    assert sink_block_keys(20, 16) == 0  # more sinks than a block: they stay in the edge loop
 
 
 def test_hopper_auto_keeps_the_default_kernel_off_cuda(monkeypatch):

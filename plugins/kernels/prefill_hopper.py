@@ -22,7 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import NEG_BIG, key_blocks, load_block, mask_scores, query_tile
+from edgeattn.plugins.kernels.common import (NEG_BIG, key_allowed, key_blocks, load_block, mask_scores,
+                                             query_tile)
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.tuning import HopperVariant, prefill_tile
 
@@ -40,17 +41,9 @@ def _hopper_load(T, base, bh0, bh1, start, offs_n, offs_d, stride_n, S,
 
 
 @triton.jit
-def _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start, offs_d, pos,
-                 Mask, mask_base, window, sinks, S_k, qk_scale,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr,
-                 DESC: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    # One online-softmax step over the key block at `start` (MASKED: window mask and S_k bounds).
-    # q: [BLOCK_M, D]; k, v: [BLOCK_N, D]; acc: [BLOCK_M, D] fp32; log2 domain
-    offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
-    k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
-    v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
-    qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32 (FOLD_SCALE: already times scale / ln 2)
-    qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
+def _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE: tl.constexpr):
+    """The online-softmax update for a block's masked scores qk [BLOCK_M, N] and its values v [N, D] (log2
+    domain; FOLD_SCALE: qk already times scale / ln 2). Returns the updated acc, l_i, m_i."""
     if FOLD_SCALE:
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p_ij = tl.math.exp2(qk - m_new[:, None])
@@ -65,21 +58,63 @@ def _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, strid
 
 
 @triton.jit
+def _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start, offs_d, pos,
+                 Mask, mask_base, window, sinks, S_k, qk_scale, diag,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr,
+                 DESC: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr = False):
+    # One online-softmax step over the key block at `start` (MASKED: window mask and S_k bounds; SPLIT and
+    # diag: a causal right-edge block, inside every row's window, masked by the causal test alone).
+    # q: [BLOCK_M, D]; k, v: [BLOCK_N, D]; acc: [BLOCK_M, D] fp32; log2 domain
+    offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
+    k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
+    v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
+    qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32 (FOLD_SCALE: already times scale / ln 2)
+    if SPLIT:
+        if diag:  # keys j >= p_max - W + 1: only j <= p can fail (and j <= p < S_k)
+            qk = tl.where(offs_n[None, :] <= pos[:, None], qk, float("-inf"))
+        else:
+            qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
+    else:
+        qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
+    return _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE)
+
+
+@triton.jit
+def _hopper_sinks(acc, l_i, m_i, q, Kp, Vp, k_base, v_base, Mask, mask_base, stride_kn, stride_vn, offs_d,
+                  sink_stop, qk_scale, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, SINK_N: tl.constexpr):
+    # The sinks left of the window, keys [0, sink_stop) (sink_stop <= sinks <= SINK_N), as one narrow block:
+    # every row attends them, so the mask is per key. Plain loads (Kp, Vp: pointers even when K, V are
+    # descriptors). Run after the loops: its shared-memory buffers then reuse theirs (before them, the
+    # kernel needed 8 KiB more at 64x64 and 2 programs no longer fitted an SM).
+    offs_n = tl.arange(0, SINK_N)
+    real = offs_n < sink_stop
+    k = tl.load(Kp + k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=real[:, None], other=0.0)
+    v = tl.load(Vp + v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=real[:, None], other=0.0)
+    if HAS_PAD:
+        real = real & (tl.load(Mask + mask_base + offs_n, mask=real, other=0) != 0)
+    qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, SINK_N] fp32
+    qk = tl.where(real[None, :], qk, float("-inf"))
+    return _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE)
+
+
+@triton.jit
 def _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
                   pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window, sinks, S_k, qk_scale,
                   CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, SINK_N: tl.constexpr, SPLIT: tl.constexpr):
     # One masked loop over the few edge blocks: window start [start_n, full_lo), diagonal / right edge /
-    # sequence end [full_hi, end_blk), then the sinks left of the window [0, sink_stop).
+    # sequence end [full_hi, end_blk), then (SINK_N == 0) the sinks left of the window [0, sink_stop).
     n_left = (full_lo - start_n) // BLOCK_N
     n_right = (end_blk - full_hi) // BLOCK_N
     n_edge = n_left + n_right
-    for t in range(0, n_edge + tl.cdiv(sink_stop, BLOCK_N)):
+    n_sink = tl.cdiv(sink_stop, BLOCK_N) if SINK_N == 0 else 0
+    for t in range(0, n_edge + n_sink):
         start = tl.where(t < n_left, start_n + t * BLOCK_N,
                          tl.where(t < n_edge, full_hi + (t - n_left) * BLOCK_N, (t - n_edge) * BLOCK_N))
+        diag = (t >= n_left) & (t < n_edge)  # a right-edge block (SPLIT: causal test only)
         acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start,
-                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale,
-                                     True, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
+                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale, diag,
+                                     True, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM, SPLIT)
     return acc, l_i, m_i
 
 
@@ -94,14 +129,41 @@ def _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk,
     # (the loop attribute tt.warp_specialize is set only when WARP_SPEC is true)
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
         acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start_n,
-                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale,
+                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale, False,
                                      False, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
     return acc, l_i, m_i
 
 
 @triton.jit
+def _hopper_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
+                     pos, offs_d, start_n, full_lo, full_hi, end_blk, n_sink, window, sinks, S_k, qk_scale,
+                     CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, LOOP_STAGES: tl.constexpr, SPLIT: tl.constexpr):
+    # One software-pipelined loop (one prologue, the edge blocks' loads prefetched like the band's) over the
+    # n_sink sink blocks, then the window's blocks [start_n, end_blk). Without padding only the edges pay for a
+    # mask: the left edge (and sinks) the full test; the right edge the full test, or (SPLIT) the causal one.
+    for t in tl.range(0, n_sink + (end_blk - start_n) // BLOCK_N, num_stages=LOOP_STAGES):
+        start = tl.where(t < n_sink, t * BLOCK_N, start_n + (t - n_sink) * BLOCK_N)
+        offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
+        k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
+        v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
+        qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32
+        if HAS_PAD:
+            qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, True, CAUSAL, HAS_PAD)
+        elif start < full_lo:  # left edge or a sink block (sink blocks lie left of start_n <= full_lo)
+            qk = tl.where(key_allowed(pos, offs_n, window, sinks, S_k, CAUSAL), qk, float("-inf"))
+        elif start >= full_hi:
+            if SPLIT:  # keys j >= p_max - W + 1: only j <= p can fail (and j <= p < S_k)
+                qk = tl.where(offs_n[None, :] <= pos[:, None], qk, float("-inf"))
+            else:
+                qk = tl.where(key_allowed(pos, offs_n, window, sinks, S_k, CAUSAL), qk, float("-inf"))
+        acc, l_i, m_i = _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _windowed_fwd_hopper_kernel(
-    Q, K, V, Window, Mask,
+    Q, K, V, Kp, Vp, Window, Mask,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -112,10 +174,11 @@ def _windowed_fwd_hopper_kernel(
     Out,
     CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DESC: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, WARP_SPEC: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, WARP_SPEC: tl.constexpr, SINK_N: tl.constexpr = 0, SPLIT: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
-    # q, out: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D] (DESC: 4-D descriptors over the same); window: [] int64;
-    # mask: [B, S_k] int8 (HAS_PAD)
+    # q, out: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D] (DESC: 4-D descriptors over the same; Kp, Vp: the same
+    # as pointers); window: [] int64; mask: [B, S_k] int8 (HAS_PAD)
     b, h, hk, window, qk_scale, first, rows, pos, p_min, p_max = query_tile(Window, H, GROUP, S_q, S_k,
                                                                             sm_scale, BLOCK_M)
     b32 = b.to(tl.int32)  # descriptor coordinates are int32
@@ -134,19 +197,38 @@ def _windowed_fwd_hopper_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG  # m_i, l_i: [BLOCK_M] running max and sum
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # acc: [BLOCK_M, D]
-    # 1) the band (most of the work, no mask), 2) one masked loop over the edge blocks and the sinks
-    acc, l_i, m_i = _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b32, hk32, stride_kn,
-                                 stride_vn, pos, offs_d, full_lo, full_hi, window, sinks, S_k, qk_scale,
-                                 CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM, LOOP_STAGES, WARP_SPEC)
-    acc, l_i, m_i = _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b32, hk32, stride_kn,
-                                  stride_vn, pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window,
-                                  sinks, S_k, qk_scale, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
+    if ONE_LOOP:  # 1) all key blocks in one pipelined loop (the sinks too unless SINK_N > 0)
+        n_sink = tl.cdiv(sink_stop, BLOCK_N) if SINK_N == 0 else 0
+        acc, l_i, m_i = _hopper_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b32, hk32,
+                                         stride_kn, stride_vn, pos, offs_d, start_n, full_lo, full_hi, end_blk,
+                                         n_sink, window, sinks, S_k, qk_scale, CAUSAL, HAS_PAD, FOLD_SCALE, DESC,
+                                         BLOCK_N, HEAD_DIM, LOOP_STAGES, SPLIT)
+    else:  # 1) the band (most of the work, no mask), 2) one masked loop over the edges (SINK_N == 0: the sinks)
+        acc, l_i, m_i = _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b32, hk32, stride_kn,
+                                     stride_vn, pos, offs_d, full_lo, full_hi, window, sinks, S_k, qk_scale,
+                                     CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM, LOOP_STAGES, WARP_SPEC)
+        acc, l_i, m_i = _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b32, hk32,
+                                      stride_kn, stride_vn, pos, offs_d, start_n, full_lo, full_hi, end_blk,
+                                      sink_stop, window, sinks, S_k, qk_scale, CAUSAL, HAS_PAD, FOLD_SCALE, DESC,
+                                      BLOCK_N, HEAD_DIM, SINK_N, SPLIT)
+    if SINK_N > 0:  # 3) the sinks as one narrow block, after the loops (its buffers reuse theirs)
+        if sink_stop > 0:
+            acc, l_i, m_i = _hopper_sinks(acc, l_i, m_i, q, Kp, Vp, k_base, v_base, Mask, mask_base, stride_kn,
+                                          stride_vn, offs_d, sink_stop, qk_scale, HAS_PAD, FOLD_SCALE, SINK_N)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # rows with no attended key -> zeros
     out = acc / l_safe[:, None]
     o_base = b * stride_ob + h.to(tl.int64) * stride_oh
     o_ptrs = Out + o_base + rows[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows < S_q)[:, None])
+
+
+def sink_block_keys(sinks: int, block_n: int) -> int:
+    """Keys in the narrow sink block (HopperVariant.sink_block): a power of two >= sinks, at least 16 (the
+    smallest dot), at most BLOCK_N; 0 (the sinks stay in the edge loop) with no sinks or more than BLOCK_N."""
+    if sinks <= 0 or sinks > block_n:
+        return 0
+    return min(block_n, max(16, 1 << (sinks - 1).bit_length()))
 
 
 def descriptor_problem(arch: int, *tensors) -> str | None:
@@ -206,9 +288,10 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
         qa = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, bm, d])
         ka = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, bn, d])
         va = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, bn, d])
+    sink_n = sink_block_keys(int(sinks), bn) if variant.sink_block else 0
     grid = (triton.cdiv(s_q, bm), b * h)
     _windowed_fwd_hopper_kernel[grid](
-        qa, ka, va, window, mask,
+        qa, ka, va, k, v, window, mask,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -218,9 +301,11 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
         out,
         CAUSAL=bool(causal), HAS_PAD=has_pad, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, DESC=use_desc,
         FOLD_SCALE=bool(variant.fold_scale), LOOP_STAGES=int(variant.loop_stages or stages),
-        WARP_SPEC=bool(variant.warp_specialize), num_warps=warps, num_stages=stages,
+        WARP_SPEC=bool(variant.warp_specialize), SINK_N=sink_n,
+        SPLIT=bool(variant.split_edges) and bool(causal) and not has_pad, ONE_LOOP=bool(variant.one_loop),
+        num_warps=warps, num_stages=stages,
     )
     return out
 
 
-__all__ = ["descriptor_problem", "hopper_prefill"]
+__all__ = ["descriptor_problem", "hopper_prefill", "sink_block_keys"]

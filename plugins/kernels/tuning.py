@@ -67,13 +67,20 @@ class HopperVariant:
     desc: host-built TMA tensor descriptors for Q, K, V (sm_90+, 16-byte aligned strides; otherwise plain
     loads, with a warning saying why). fold_scale: pre-scale q by scale / ln 2. loop_stages: software
     pipeline depth of the unmasked band loop (None: the tile's num_stages). warp_specialize: the band loop
-    as `tl.range(..., warp_specialize=True)` (Triton >= 3.4 on Hopper/Blackwell).
+    as `tl.range(..., warp_specialize=True)` (Triton >= 3.4 on Hopper/Blackwell). sink_block: the sinks left of
+    the window as one narrow block (16 keys for up to 16 sinks) with a per-key mask, not a whole masked
+    BLOCK_N block (prefill_hopper.sink_block_keys). split_edges: causal, no padding: the right-edge
+    (diagonal) blocks are masked by the causal test alone, not the full window test. one_loop: the band and
+    the edge blocks in one pipelined loop (one prologue; masks chosen per block) instead of two loops.
     """
 
     desc: bool = False
     fold_scale: bool = False
     loop_stages: int | None = None
     warp_specialize: bool = False
+    sink_block: bool = False
+    split_edges: bool = False
+    one_loop: bool = False
 
     def __post_init__(self):
         if self.loop_stages is not None and not 1 <= self.loop_stages <= 6:
@@ -85,7 +92,9 @@ class HopperVariant:
     def name(self) -> str:
         parts = ["desc" if self.desc else "ptr"] + (["fold"] if self.fold_scale else [])
         parts += [f"ls{self.loop_stages}"] if self.loop_stages else []
-        return "+".join(parts + (["ws"] if self.warp_specialize else []))
+        parts += (["ws"] if self.warp_specialize else []) + (["sink"] if self.sink_block else [])
+        parts += ["split"] if self.split_edges else []
+        return "+".join(parts + (["one"] if self.one_loop else []))
 
 
 def window_row(arch: int, head_dim: int, window_hint: int | None):
