@@ -118,7 +118,8 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         onnx.save(processed, str(staging / PROCESSED_NAME))
         progress(f"engine for {target.name} ({target.backend})")
         artifact = builder_for(target.backend)(staging / PROCESSED_NAME, staging, target, config, shape_plan)
-        quantized = summarize(source)["qdq_nodes"] > 0
+        precision = summarize(source)  # Q/DQ, or integer kernels (MatMulNBits quantizes its activations too)
+        quantized = precision["qdq_nodes"] > 0 or bool({"int4", "int8"} & set(precision["compute_layers"]))
         with tempfile.TemporaryDirectory() as tmp:  # --as-inference: check against the source as inference
             reference = inference_reference(source, Path(tmp), model_path.stem) if config.as_inference else model_path
             parity = _parity(reference, staging / artifact.artifact, processed_sig, shape_plan, config, artifact,

@@ -12,6 +12,9 @@ PASSES: dict[str, str] = {
     "upgrade-opset": "edgeattn.passes.upgrade_opset:UpgradeOpset",  # opsets 13-17 -> 18, before fusion
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "attention-body": "edgeattn.passes.attention_body:AttentionBody",
+    "lower-cached-cpu": "edgeattn.passes.cached_attention_cpu:LowerCachedAttentionForCpu",  # one ring geometry a step
+    "fuse-rmsnorm-cpu": "edgeattn.passes.rmsnorm_cpu:FuseRmsNormForCpu",
+    "fuse-rotary-cpu": "edgeattn.passes.rotary_cpu:FuseRotaryForCpu",
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
     "check-sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before lower-qdq-cpu rewrites the MatMuls
     "lower-qdq-cpu": "edgeattn.passes.qdq_cpu:LowerQdqMatMulForCpu",

@@ -1,0 +1,168 @@
+"""Lower edgeattn::CachedWindowedAttention to plain ops for ONNX Runtime, with the ring geometry built once.
+
+The op's ONNX body (edgeattn.attention.cached_function) computes, in every layer, which ring rows the window
+reads and the masks of the sink, window and chunk keys: ~90 of its 136 nodes, identical in every layer but
+recomputed 30 times in SmolLM2, because each copy reads the shapes of its own cache input. On a CPU, where
+a decode step is a few thousand small nodes, that overhead is most of a step at short contexts.
+
+This pass replaces each node by ~20 data nodes (two Gathers of window rows, two sink Slices, two score
+MatMuls, one Softmax, one weighted sum) reading one shared geometry: the gather index `[B, H_kv, N]` and one
+additive bias `[B, 1, G*S, L]` (L = sink rows + window rows + the chunk's keys), built once per step from
+`cache_position`, `attention_window` and the shapes. The result is the body's, op for op the same rule
+(tests/test_cached_attention_cpu.py checks it against the float64 oracle and the body).
+
+Nodes share one geometry when they read the same position and window inputs, have the same sinks, head
+layout, and caches and queries whose shapes are the same symbolic dims; others get their own (never a
+silent change of meaning). Nodes the lowering cannot take (not float32, head counts not static) keep the op
+and are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from edgeattn.attention import DOMAIN
+from edgeattn.attention.cached_function import CACHED_OP_TYPE
+from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.rewiring import constant, replace_value
+
+
+class LowerCachedAttentionForCpu:
+    name = "lower-cached-cpu"
+
+    def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
+        nodes = [n for n in model.graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]
+        if not nodes:
+            return PassResult(self.name, False, "no CachedWindowedAttention in the model", {"lowered": 0})
+        if ctx.target.backend != "onnxruntime":
+            return PassResult(self.name, False, f"{ctx.target.backend} runs the op as a plugin: kept",
+                              {"lowered": 0})
+        lowered, geometries, kept = lower_cached(model)
+        details = {"lowered": lowered, "geometries": geometries, "kept": kept}
+        if not kept:
+            common.RemoveUnusedFunctionsPass()(model)
+            if not any(n.domain == DOMAIN for n in model.graph.all_nodes()):
+                model.opset_imports.pop(DOMAIN, None)
+        problems = [f"CachedWindowedAttention {name} kept as the op (its ONNX body runs): {why}"
+                    for name, why in kept.items()]
+        summary = f"{lowered} cached attention layers lowered to plain ops reading {geometries} shared ring geometry"
+        return PassResult(self.name, lowered > 0, summary, details, problems)
+
+
+def _why_not(node: ir.Node) -> str | None:
+    q, k, pk = node.inputs[0], node.inputs[2], node.inputs[4]
+    for name, value in (("q", q), ("k", k), ("past_key", pk)):
+        if value.dtype != ir.DataType.FLOAT:
+            return f"{name} is {value.dtype}, the lowering handles float32"
+        if value.shape is None or len(value.shape) != 4:
+            return f"{name} is not known to be 4-D"
+    h, hkv, d = q.shape[1], pk.shape[1], q.shape[3]
+    if not all(isinstance(x, int) for x in (h, hkv, d)) or h % hkv:
+        return f"heads {h} / kv heads {hkv} / head dim {d}: expected static, heads a multiple of kv heads"
+    return None
+
+
+def _dim_key(value: ir.Value, axis: int):
+    dim = value.shape[axis]
+    if isinstance(dim, int):
+        return dim
+    if isinstance(dim, ir.SymbolicDim) and dim.value is not None:
+        return f"sym:{dim.value}"
+    return f"value:{id(value)}"  # unknown: only this value is known to have it
+
+
+def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
+    """Returns (nodes lowered, geometries built, {node kept: why})."""
+    common.ShapeInferencePass()(model)
+    graph = model.graph
+    shared: dict[tuple, tuple[ir.Value, ir.Value]] = {}
+    lowered, kept = 0, {}
+    for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
+        reason = _why_not(node)
+        if reason:
+            kept[node.name or CACHED_OP_TYPE] = reason
+            continue
+        q, q_sink, k, v, pk, pv, position, window = node.inputs
+        sinks = node.attributes.get_int("sinks", 0)
+        h, hkv, d = q.shape[1], pk.shape[1], q.shape[3]
+        g = h // hkv
+        scale = node.attributes.get_float("scale", 0.0) or 1.0 / float(np.sqrt(d))
+        ns = max(sinks, 1)  # at least one sink row is read (masked when there are no sinks)
+        new: list[ir.Node] = []
+
+        def op(op_type, *inputs, **attrs):
+            n = ir.node(op_type, list(inputs), attributes=attrs, name=f"{node.name}/{op_type}{len(new)}")
+            new.append(n)
+            return n.outputs[0]
+
+        c = lambda name, value: constant(graph, f"edgeattn_cached_{name}", value)  # noqa: E731
+        i64 = lambda x: np.array(x, np.int64)  # noqa: E731
+        key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
+        if key not in shared:
+            shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)
+        rows, bias = shared[key]
+        flat = c(f"flat_{d}", i64([-1, d]))
+        qg = op("Mul", op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))), c(f"scale_{scale:.9g}",
+                                                                                       np.array(scale, np.float32)))
+        qsg = op("Mul", op("Reshape", q_sink, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))),
+                 c(f"scale_{scale:.9g}", np.array(scale, np.float32)))  # [B, H_kv, G*S, D]
+        kw = op("Gather", op("Reshape", pk, flat), rows, axis=0)  # [B, H_kv, N, D]
+        vw = op("Gather", op("Reshape", pv, flat), rows, axis=0)
+        sink_rows = (c("i0_1", i64([0])), c(f"ns_{ns}", i64([ns])), c("axis2", i64([2])))
+        ks, vs = op("Slice", pk, *sink_rows), op("Slice", pv, *sink_rows)  # [B, H_kv, NS, D]
+        k_wn = op("Concat", kw, k, axis=2)  # [B, H_kv, N + S, D]
+        s_s = op("MatMul", qsg, op("Transpose", ks, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, NS]
+        s_wn = op("MatMul", qg, op("Transpose", k_wn, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, N + S]
+        probs = op("Softmax", op("Add", op("Concat", s_s, s_wn, axis=-1), bias), axis=-1)  # [B, H_kv, G*S, L]
+        out = op("MatMul", probs, op("Concat", vs, vw, v, axis=2))  # [B, H_kv, G*S, D]
+        out = op("Reshape", out, c(f"heads_{h}_{d}", i64([0, h, -1, d])))  # [B, H, S, D]
+        graph.insert_before(node, new)
+        out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
+        replace_value(graph, node.outputs[0], out)
+        graph.remove(node, safe=True)
+        lowered += 1
+    return lowered, len(shared), kept
+
+
+def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: int, ns: int):
+    """(rows [B, H_kv, N] into the cache seen as [B*H_kv*C, D], bias [B, 1, G*S, L]): the body's rule
+    (cached_function._build_cached), once. L = NS + N + S."""
+    i0, i1 = c("i0", i64(0)), c("i1", i64(1))
+    sinks_c = c(f"sinks_{sinks}", i64(sinks))
+    axes0, axes1 = c("axes0", i64([0])), c("axes1", i64([1]))
+    scalar = c("scalar_shape", i64([]))
+    bsz = op("Reshape", op("Shape", q, start=0, end=1), scalar)
+    sq_1d = op("Shape", q, start=2, end=3)
+    sq = op("Reshape", sq_1d, scalar)
+    cap = op("Reshape", op("Shape", pk, start=2, end=3), scalar)
+    wmax = op("Sub", cap, sinks_c)
+    w = op("Reshape", window, scalar)
+    w = op("Where", op("Or", op("LessOrEqual", w, i0), op("Greater", w, wmax)), wmax, w)
+    pos = op("Unsqueeze", op("Cast", position, to=ir.DataType.INT64), axes1)  # [B, 1]
+    filled = op("Sub", op("ReduceMax", pos, keepdims=0), sinks_c)
+    n = op("Max", op("Min", w, filled), i1)
+    r = op("Range", i0, n, i1)  # [N]
+    kpos_w = op("Add", op("Sub", pos, n), op("Unsqueeze", r, axes0))  # [B, N]
+    slot_w = op("Add", sinks_c, op("Mod", op("Sub", kpos_w, sinks_c), wmax))
+    valid_w = op("And", op("GreaterOrEqual", kpos_w, sinks_c), op("GreaterOrEqual", kpos_w, i0))  # [B, N]
+    bh = op("Reshape", op("Range", i0, op("Mul", bsz, c(f"hkv_{hkv}", i64(hkv))), i1),
+            op("Concat", op("Unsqueeze", bsz, axes0), c(f"hkv_1_{hkv}", i64([hkv, 1])), axis=0))  # [B, H_kv, 1]
+    rows = op("Add", op("Mul", bh, cap), op("Unsqueeze", slot_w, axes1))  # [B, H_kv, N]
+    kpos_s = c(f"sink_pos_{ns}", i64(np.arange(ns)[None]))  # [1, NS]
+    ok_s = op("Unsqueeze", op("And", op("Less", kpos_s, sinks_c), op("Less", kpos_s, pos)), axes1)  # [B, 1, NS]
+    ok_s = op("Expand", ok_s, op("Concat", c("one_1", i64([1])), sq_1d, c("one_1", i64([1])), axis=0))  # [B, S, NS]
+    qi = op("Unsqueeze", op("Range", i0, sq, i1), axes1)  # [S, 1]
+    kj = op("Unsqueeze", op("Range", i0, sq, i1), axes0)  # [1, S]
+    dist = op("Sub", op("Add", qi, n), op("Unsqueeze", r, axes0))  # [S, N]
+    ok_w = op("And", op("Unsqueeze", valid_w, axes1), op("Less", dist, w))  # [B, S, N]
+    in_band = op("Or", op("Less", op("Sub", qi, kj), w),
+                 op("Unsqueeze", op("Less", op("Add", pos, kj), sinks_c), axes1))  # [B, S, S]
+    ok_n = op("And", op("LessOrEqual", kj, qi), in_band)  # [B, S, S]
+    ok = op("Concat", ok_s, ok_w, ok_n, axis=-1)  # [B, S, L]
+    bias = op("Where", ok, c("f0", np.array(0.0, np.float32)), c("fneginf", np.array(-np.inf, np.float32)))
+    bias = op("Unsqueeze", bias, axes1)  # [B, 1, S, L]
+    if g > 1:  # query row g*S + i of a KV head reads as row i: [B, 1, G*S, L]
+        bias = op("Tile", bias, c(f"tile_{g}", i64([1, 1, g, 1])))
+    return rows, bias

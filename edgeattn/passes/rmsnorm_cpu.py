@@ -1,0 +1,91 @@
+"""Fuse RMSNorm into ONNX Runtime's SimplifiedLayerNormalization for the cpu target.
+
+    w * (x * 1 / sqrt(mean(x^2, -1) + eps))      (Pow, ReduceMean, Add, Sqrt, Reciprocal | Div, Mul, Mul)
+      -> SimplifiedLayerNormalization(x, w, axis=-1, epsilon=eps)
+
+The dynamo exporter writes Llama-family RMSNorm with Reciprocal, a form ONNX Runtime's own
+SimplifiedLayerNormFusion does not match (it wants Div), so every norm stays seven element-wise nodes: 427
+nodes a decode step in SmolLM2. Once fused, ONNX Runtime's SkipLayerNormFusion folds the residual Add in
+front of each norm too. TensorRT targets are left alone.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.gelu_cpu import _close, _only_use, _other, _scalar
+from edgeattn.passes.rewiring import replace_value
+
+
+def _axes_last(node: ir.Node) -> bool:
+    axes = node.attributes.get_ints("axes", None)
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        tensor = ir.convenience.get_const_tensor(node.inputs[1])
+        axes = None if tensor is None else [int(a) for a in tensor.numpy().reshape(-1)]
+    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+    return axes is not None and len(axes) == 1 and (axes[0] == -1 or (rank is not None and axes[0] == rank - 1))
+
+
+def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node] | str:
+    """(x, weight, epsilon, the node that scales x by 1 / sqrt(..)) or why this ReduceMean is not an RMSNorm."""
+    pow_ = mean.inputs[0].producer()
+    if pow_ is None or pow_.op_type != "Pow" or not _close(_scalar(pow_.inputs[1]), 2.0):
+        return "ReduceMean input is not x ^ 2"
+    x = pow_.inputs[0]
+    if x.dtype != ir.DataType.FLOAT:
+        return f"x is {x.dtype}, the fusion handles float32"
+    if not _axes_last(mean) or mean.attributes.get_int("keepdims", 1) != 1:
+        return "ReduceMean is not over the last axis with keepdims"
+    add = _only_use(mean.outputs[0], "Add")
+    eps = _scalar(_other(add, mean.outputs[0])) if add is not None else None
+    if eps is None:
+        return "mean(x^2) is not followed by + a constant epsilon"
+    sqrt = _only_use(add.outputs[0], "Sqrt")
+    if sqrt is None:
+        return "mean + eps is not followed by Sqrt"
+    inv = _only_use(sqrt.outputs[0], "Reciprocal")
+    if inv is not None:
+        scale = _only_use(inv.outputs[0], "Mul")
+        if scale is None or _other(scale, inv.outputs[0]) is not x:
+            return "1 / sqrt(..) does not scale x"
+    else:
+        scale = _only_use(sqrt.outputs[0], "Div")
+        if scale is None or scale.inputs[0] is not x:
+            return "sqrt(..) does not divide x"
+    weigh = _only_use(scale.outputs[0], "Mul")
+    weight = _other(weigh, scale.outputs[0]) if weigh is not None else None
+    tensor = ir.convenience.get_const_tensor(weight) if weight is not None else None
+    if tensor is None or len(tensor.shape) != 1:
+        return "the normalized x is not multiplied by a constant 1-D weight"
+    return x, weight, eps, scale
+
+
+class FuseRmsNormForCpu:
+    name = "fuse-rmsnorm-cpu"
+
+    def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
+        if ctx.target.backend != "onnxruntime":
+            return PassResult(self.name, False, f"{ctx.target.backend} fuses RMSNorm itself", {"fused": 0})
+        fused, unfused = 0, []
+        graph = model.graph
+        for mean in [n for n in graph if n.op_type == "ReduceMean" and n.domain == ""]:
+            found = match(mean)
+            if isinstance(found, str):
+                if not found.startswith("ReduceMean input is not"):  # a plain mean is not a near-miss
+                    unfused.append({"node": mean.name, "reason": found})
+                continue
+            x, _, _, scale = found
+            if scale.op_type == "Mul":  # x * (1 / sqrt(..)) -> x / sqrt(..), the spelling ONNX Runtime fuses
+                inv = _other(scale, x).producer()
+                div = ir.node("Div", [x, inv.inputs[0]], name=f"{scale.name}/Div")
+                graph.insert_before(scale, div)
+                div.outputs[0].shape, div.outputs[0].dtype = scale.outputs[0].shape, scale.outputs[0].dtype
+                replace_value(graph, scale.outputs[0], div.outputs[0])
+            fused += 1
+        if fused:
+            common.RemoveUnusedNodesPass()(model)
+        problems = [f"RMSNorm at {u['node']} left as element-wise ops: {u['reason']}" for u in unfused]
+        return PassResult(self.name, fused > 0, f"{fused} RMSNorm fused into SimplifiedLayerNormalization",
+                          {"fused": fused, "unfused": unfused}, problems)

@@ -1,0 +1,97 @@
+"""The cpu build of a decoder: RMSNorm spelled for ONNX Runtime's fusion, RoPE fused into RotaryEmbedding with
+per-step angle tables, cached attention lowered with one ring geometry. Checked on a real export (the tiny
+Llama): what fired, the node counts ONNX Runtime runs, and the outputs against the unprocessed export."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_decoder  # noqa: F401
+from edgeattn.passes import PassContext
+from edgeattn.passes.rmsnorm_cpu import FuseRmsNormForCpu
+from edgeattn.passes.rotary_cpu import FuseRotaryForCpu
+from edgeattn.targets import get_target
+
+pytestmark = requires_decoder_stack
+LAYERS = 2
+
+
+def _feeds(sess: ort.InferenceSession, *, batch: int, seq: int, positions, window: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {"input_ids": rng.integers(0, 1000, (batch, seq)).astype(np.int64),
+             "cache_position": np.asarray(positions, np.int64), "attention_window": np.array(window, np.int64)}
+    for i in sess.get_inputs():
+        if i.name.startswith("past_key_values"):
+            feeds[i.name] = rng.standard_normal((batch, i.shape[1], SINKS + WINDOW_MAX, i.shape[3])).astype(np.float32)
+    return feeds
+
+
+def _session(path_or_model) -> ort.InferenceSession:
+    src = path_or_model if isinstance(path_or_model, str) else path_or_model.SerializeToString()
+    return ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+
+
+def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
+    _, _, onnx_path, bundle_path = tiny_decoder
+    manifest = json.loads((bundle_path / "manifest.json").read_text())
+    passes = {p["name"]: p for p in manifest["sections"]["passes"]} if isinstance(manifest["sections"]["passes"], list) \
+        else manifest["sections"]["passes"]
+    assert passes["lower-cached-cpu"]["details"]["lowered"] == LAYERS
+    assert passes["lower-cached-cpu"]["details"]["geometries"] == 1
+    assert passes["fuse-rmsnorm-cpu"]["details"]["fused"] == 2 * LAYERS + 1
+    assert passes["fuse-rotary-cpu"]["details"]["fused"] == 3 * LAYERS  # query at t, query for the sinks, key
+    assert passes["fuse-rotary-cpu"]["details"]["tables"] == 2  # positions t, sink positions min(t, sinks + W)
+    ops = collections.Counter(n.op_type for n in onnx.load(str(bundle_path / "model.ort.onnx")).graph.node)
+    assert ops["SimplifiedLayerNormalization"] + ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS + 1
+    assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Neg"] == 0 and ops["Pow"] == 0
+    assert sum(ops.values()) < 60 * LAYERS + 80  # ~70 shared (geometry, tables); the op body alone was 136 a layer
+
+
+@pytest.mark.parametrize("batch, seq, positions, window", [(1, 1, [3], 0), (1, 5, [40], 0), (2, 1, [0, 70], 8),
+                                                           (2, 3, [9, 200], 5)])
+def test_the_built_decoder_matches_the_export(tiny_decoder, batch, seq, positions, window):
+    """Positions past the ring (70, 200 > sinks + W_max) and beyond max_position_embeddings are not special."""
+    _, _, onnx_path, bundle_path = tiny_decoder
+    want_sess, got_sess = _session(str(onnx_path)), _session(str(bundle_path / "model.ort.onnx"))
+    feeds = _feeds(want_sess, batch=batch, seq=seq, positions=positions, window=window)
+    for want, got in zip(want_sess.run(None, feeds), got_sess.run(None, feeds)):
+        np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_rotary_pass_says_why_a_near_miss_is_left(tiny_decoder):
+    """A Split/Neg/Concat whose result is not multiplied by sin (here: its Mul is turned into an Add)."""
+    _, _, onnx_path, _ = tiny_decoder
+    model = ir.serde.deserialize_model(onnx.load(str(onnx_path)))
+    neg = next(n for n in model.graph if n.op_type == "Neg")
+    cat = next(u.node for u in neg.outputs[0].uses())
+    mul = next(u.node for u in cat.outputs[0].uses())
+    mul.op_type = "Sub"
+    result = FuseRotaryForCpu()(model, PassContext(get_target("cpu")))
+    assert result.details["fused"] == 3 * LAYERS - 2  # both rotations that share that rotate_half(q) are left
+    assert any("rotate_half(x) is not used" in p for p in result.problems)
+
+
+def test_rmsnorm_pass_says_why_a_near_miss_is_left(tiny_decoder):
+    _, _, onnx_path, _ = tiny_decoder
+    model = ir.serde.deserialize_model(onnx.load(str(onnx_path)))
+    sqrt = next(n for n in model.graph if n.op_type == "Sqrt")
+    sqrt.op_type = "Abs"
+    result = FuseRmsNormForCpu()(model, PassContext(get_target("cpu")))
+    assert result.details["fused"] == 2 * LAYERS
+    assert result.problems == [f"RMSNorm at {result.details['unfused'][0]['node']} left as element-wise ops: "
+                               "mean + eps is not followed by Sqrt"]
+
+
+def test_tensorrt_targets_keep_the_graph(tiny_decoder):
+    _, _, onnx_path, _ = tiny_decoder
+    for p in (FuseRmsNormForCpu(), FuseRotaryForCpu()):
+        model = ir.serde.deserialize_model(onnx.load(str(onnx_path)))
+        before = len(list(model.graph))
+        assert not p(model, PassContext(get_target("rtx"))).changed and len(list(model.graph)) == before
