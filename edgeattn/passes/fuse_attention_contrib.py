@@ -20,6 +20,7 @@ from edgeattn.passes.fuse_attention_masks import PROBE_BATCH, PROBE_SEQ, MaskMea
 from edgeattn.passes.fuse_attention_rules import _WindowedRule
 
 MS = "com.microsoft"
+FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
 MAPPED = ("Attention", "MultiHeadAttention")
 NOT_MAPPED = {  # op type -> why it stays (besides the per-node reasons of `unsupported`)
     "GroupQueryAttention": "it keeps its own KV cache (past_key/past_value, seqlens_k, total_sequence_length), "
@@ -158,11 +159,18 @@ class ContribAttention(_WindowedRule):
                 bq, bk, bv = op.Split(bias, axis=0, num_outputs=3, _outputs=3)
                 q, k, v = op.Add(q, bq), op.Add(k, bk), op.Add(v, bv)
         q, k, v = (t if _rank(t) == 4 else _heads(op, t, heads) for t in (q, k, v))  # 3-D [B, S, N*D] or [B, N, S, D]
-        head_dim = _head_dim(node, heads)
-        for t in (q, k, v):  # ONNX has no shape inference for com.microsoft ops: say what the heads are
-            t.dtype = t.dtype or w.dtype
-            t.shape = t.shape or ir.Shape([None, heads, None, head_dim])
+        self._annotate((q, k, v), node, heads)
         return _merge(op, self._emit(op, q, k, v, meaning, scale, node.op_type))
+
+    @staticmethod
+    def _annotate(values, node: ir.Node, heads: int) -> None:
+        """ONNX has no shape inference for com.microsoft ops: give the heads the type and shape we know."""
+        dtype = next((i.dtype for i in node.inputs if i is not None and i.dtype in FLOATS), None)
+        if dtype is None:
+            return
+        for t in values:
+            t.dtype = t.dtype or dtype
+            t.shape = t.shape or ir.Shape([None, heads, None, _head_dim(node, heads)])
 
 
 def rules(window, padding, masks: dict, failures: dict) -> list[ContribAttention]:
