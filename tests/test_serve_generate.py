@@ -359,3 +359,57 @@ def test_prompts_prefilled_inside_the_decode_steps_give_the_same_tokens(tiny_dec
         for t in threads:
             t.join(60)
     assert got == refs
+
+
+def _profile(url):
+    status, doc, _ = http(url, "GET", "/v2/models/dec/stats")
+    assert status == 200
+    return doc["model_stats"][0]["profile"]
+
+
+def test_stats_profile_counts_the_model_calls_of_a_request(served):
+    """One request alone: one prefill chunk (its prompt fits one), then one decode step per further token; the
+    profile's totals count exactly those calls, and its phases fit in the time the request took."""
+    url, _ = served
+    before = _profile(url)
+    started = time.perf_counter()
+    doc = _complete(url, PROMPTS[1], max_tokens=9)
+    elapsed = time.perf_counter() - started
+    after = _profile(url)
+    tokens, finish = doc["usage"]["completion_tokens"], doc["choices"][0]["finish_reason"]
+    steps = tokens - 1 if finish == "length" else tokens  # an end-of-text token is sampled but not counted
+    calls = {k: after["counts"][k] - before["counts"][k] for k in ("prefill_model", "decode_model", "sample")}
+    assert calls == {"prefill_model": 1, "decode_model": steps, "sample": steps + 1}
+    assert after["iterations"] - before["iterations"] == max(steps, 1)
+    model_s = sum(after["seconds"][k] - before["seconds"][k] for k in ("prefill_model", "decode_model"))
+    assert 0 < model_s < elapsed
+    new = [r for r in after["recent"] if r[0] > before["iterations"]]
+    assert [r[2] for r in new] == [doc["usage"]["prompt_tokens"]] + [0] * (len(new) - 1)  # the chunk, then none
+    assert all(r[1] == 1 and r[3] >= r[4] + r[5] for r in new)  # one row; the iteration holds its model calls
+
+
+def test_a_smaller_ring_than_the_bundles(tiny_decoder):
+    """window_max: the server's slots hold fewer ring rows than the bundle's; a stream longer than the ring
+    wraps it and equals the Generator opened with the same ring."""
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+
+    path, ring, prompt = tiny_decoder[3], 20, PROMPTS[4]
+    with Generator.open(path, window_max=ring) as g:
+        ref = g.generate(prompt, GenerationConfig(max_tokens=30, prefill_chunk=16))
+    app, server = _server([open_bundle(path)], ["dec"], slots=2, window_max=ring)
+    with server as url:
+        wait_ready_http(url)
+        status, meta, _ = http(url, "GET", "/v2/models/dec")
+        doc = _complete(url, prompt, max_tokens=30)
+    assert status == 200 and meta["parameters"]["window_max"] == ring
+    assert doc["choices"][0]["text"] == ref.text and doc["usage"]["completion_tokens"] == len(ref.tokens)
+
+
+def test_window_max_setting_is_checked():
+    from edgeattn.errors import ConfigError
+    from edgeattn.runtime.server.settings import ServeSettings
+
+    assert ServeSettings.from_env({"EDGEATTN_SERVE_WINDOW_MAX": "256"}).window_max == 256
+    with pytest.raises(ConfigError, match="window_max: expected >= 0, found -1"):
+        ServeSettings(window_max=-1)

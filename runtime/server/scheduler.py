@@ -12,7 +12,10 @@ in slot K. A slot's position is reset when a
 job takes it: the attention op never reads rows beyond a stream's position, so no job sees another's keys.
 
 The live window is read once per iteration and applies to every slot's next step (the sinks are always kept).
-Events go back to the event loop in one call per iteration (`deliver(list of (job, Event))`).
+Events go back to the event loop in one call per iteration (`deliver(list of (job, Event))`), made just before
+the next model call (or before the worker sleeps): the loop's routing, JSON and socket writes then run while
+ONNX Runtime holds no GIL, instead of the two threads taking turns with it. `profile` (a StepProfile) times
+every phase of the iterations (docs/serving.md, "Where the time goes").
 """
 
 from __future__ import annotations
@@ -165,6 +168,10 @@ class SlotScheduler:
         clock, profile = time.perf_counter, self.profile
         while True:
             with self._cv:
+                idle = self._running and self.idle()
+            if idle:
+                self._flush()  # what the last iteration produced, before sleeping
+            with self._cv:
                 if self._running and self.idle():
                     before = clock()
                     while self._running and self.idle():
@@ -191,9 +198,6 @@ class SlotScheduler:
                 for job in list(self.decoding) + ([self.prefilling] if self.prefilling else []):
                     self._finish(job, f"error: {type(exc).__name__}: {exc}")
                 self.decoding, self.prefilling = [], None
-            before = clock()
-            self._flush()
-            profile.add("deliver", clock() - before)
 
     def _admit(self) -> None:
         while self.waiting and self.busy < self.slots:
@@ -227,6 +231,7 @@ class SlotScheduler:
                 self._finish(job, FINISH_ABORT)
         self._compact()
         profile.add("compact", clock() - start)
+        self._flush()  # the previous iteration's events: the event loop routes them while the model runs
         prefill_tokens, prefill_s, decode_s, rows = 0, 0.0, 0.0, len(self.decoding)
         if self.prefilling is not None:
             prefill_tokens, prefill_s = self._prefill_chunk(self.prefilling, window)
@@ -362,5 +367,7 @@ class SlotScheduler:
 
     def _flush(self) -> None:
         if self._events:
+            before = time.perf_counter()
             events, self._events = self._events, []
             self.deliver(events)
+            self.profile.add("deliver", time.perf_counter() - before)
