@@ -44,7 +44,7 @@ def _controller_factory(spec: str):
 @click.option("--slots", type=int, help="Decoder bundles: requests generating at once, batched at every decode "
               "step (one KV-cache row each) [default: 8].")
 @click.option("--prefill-chunk", type=int, help="Decoder bundles: prompt tokens per prefill step, interleaved "
-              "with the decode steps of the other requests [default: 64].")
+              "with the decode steps of the other requests [default: 16].")
 @click.option("--prefill-in-step", type=int, help="Decoder bundles: prompts of at most this many tokens are "
               "prefilled inside the decode steps, one token per step, instead of in chunks of their own "
               "(no latency spike for the other streams; a longer time to first token) [default: 0].")

@@ -25,7 +25,8 @@ class ServeSettings:
     body_timeout_s: float = 30.0  # a request body not received within this gets 408
     admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
     slots: int = 8  # decoder bundles: requests generating at once (one KV-cache row each), batched every step
-    prefill_chunk: int = 64  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps)
+    prefill_chunk: int = 16  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps;
+    # 16: such a step costs about one full decode step on a CPU, docs/serving.md "Where the time goes")
     prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
     window_max: int = 0  # decoder bundles: ring rows per slot (0: the bundle's window_max)
 
