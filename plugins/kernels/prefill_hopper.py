@@ -25,6 +25,7 @@ import triton.language as tl
 from edgeattn.plugins.kernels.common import (NEG_BIG, key_allowed, key_blocks, load_block, mask_scores,
                                              query_tile)
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
+from edgeattn.plugins.kernels.prefill_persistent import persistent_prefill, persistent_problem
 from edgeattn.plugins.kernels.tuning import HopperVariant, prefill_tile
 
 
@@ -260,7 +261,9 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
 
     tile: (BLOCK_M, BLOCK_N, num_warps, num_stages), default `tuning.prefill_tile`. variant: the kernel's
     options; `desc=True` falls back to plain loads, with a warning saying why, when `descriptor_problem`
-    finds one. arch: the device's compute capability (default: read from q's device). scale 0: 1/sqrt(D).
+    finds one; `persistent` > 0 runs prefill_persistent.py's kernel where it applies (descriptors usable,
+    causal, no padding; otherwise this kernel). arch: the device's compute capability (default: read from
+    q's device). scale 0: 1/sqrt(D).
     """
     import torch
 
@@ -280,6 +283,14 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
 
             warnings.warn(f"windowed_prefill: tensor descriptors off, plain loads instead: {reason}", stacklevel=3)
             use_desc = False
+    if variant.persistent and use_desc:
+        problem = persistent_problem(q, k, v, causal=causal, key_padding_mask=key_padding_mask, sinks=int(sinks),
+                                     tile=(bm, bn))
+        if problem is None:
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+            return persistent_prefill(q, k, v, window, sinks=int(sinks), scale=scale, tile=(bm, bn, warps, stages),
+                                      programs_per_sm=variant.persistent, stages=int(variant.loop_stages or stages),
+                                      sms=sms, edge_masks=variant.edge_masks)
     qa, ka, va = q, k, v
     if use_desc:
         from triton.tools.tensor_descriptor import TensorDescriptor

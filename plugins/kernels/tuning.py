@@ -72,6 +72,9 @@ class HopperVariant:
     BLOCK_N block (prefill_hopper.sink_block_keys). split_edges: causal, no padding: the right-edge
     (diagonal) blocks are masked by the causal test alone, not the full window test. one_loop: the band and
     the edge blocks in one pipelined loop (one prologue; masks chosen per block) instead of two loops.
+    persistent: programs per SM of the persistent kernel (prefill_persistent.py: causal, no padding; one loop
+    over every (tile, key block) step of a program's tiles; 0: one program per tile, this kernel);
+    edge_masks: there, mask only the blocks crossing a window edge or the diagonal.
     """
 
     desc: bool = False
@@ -81,20 +84,27 @@ class HopperVariant:
     sink_block: bool = False
     split_edges: bool = False
     one_loop: bool = False
+    persistent: int = 0
+    edge_masks: bool = False
 
     def __post_init__(self):
         if self.loop_stages is not None and not 1 <= self.loop_stages <= 6:
             from edgeattn.errors import ConfigError
 
             raise ConfigError(f"loop_stages: expected None or 1..6, found {self.loop_stages}")
+        if not 0 <= self.persistent <= 8:
+            from edgeattn.errors import ConfigError
+
+            raise ConfigError(f"persistent: expected 0 (off) or 1..8 programs per SM, found {self.persistent}")
 
     @property
     def name(self) -> str:
         parts = ["desc" if self.desc else "ptr"] + (["fold"] if self.fold_scale else [])
         parts += [f"ls{self.loop_stages}"] if self.loop_stages else []
         parts += (["ws"] if self.warp_specialize else []) + (["sink"] if self.sink_block else [])
-        parts += ["split"] if self.split_edges else []
-        return "+".join(parts + (["one"] if self.one_loop else []))
+        parts += (["split"] if self.split_edges else []) + (["one"] if self.one_loop else [])
+        parts += [f"pers{self.persistent}"] if self.persistent else []
+        return "+".join(parts + (["edges"] if self.edge_masks else []))
 
 
 def window_row(arch: int, head_dim: int, window_hint: int | None):
