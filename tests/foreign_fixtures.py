@@ -14,17 +14,18 @@ MINILM_HEADS, MINILM_HIDDEN = 12, 384
 MS = "com.microsoft"
 
 
-def ort_optimized(src: Path, out: Path, *, mha: bool = False, raw_mask: bool = False) -> Path:
-    """`optimize_model(src, model_type="bert")` as a CPU user runs it (fusions on), saved to `out`.
+def ort_optimized(src: Path, out: Path, *, model_type: str = "bert", num_heads: int = MINILM_HEADS,
+                  hidden_size: int = MINILM_HIDDEN, mha: bool = False, raw_mask: bool = False) -> Path:
+    """`optimize_model(src, model_type=...)` as a CPU user runs it (fusions on), saved to `out`.
     mha: MultiHeadAttention instead of Attention; raw_mask: the 2-D mask instead of a 1-D mask_index."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    options = FusionOptions("bert")
+    options = FusionOptions(model_type)
     options.use_multi_head_attention = mha
     if raw_mask:
         options.use_raw_attention_mask(True)
-    model = optimize_model(str(src), model_type="bert", num_heads=MINILM_HEADS, hidden_size=MINILM_HIDDEN,
+    model = optimize_model(str(src), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
                            optimization_options=options)
     model.save_model_to_file(str(out))
     return out
@@ -36,6 +37,17 @@ def op_counts(path: Path) -> dict[str, int]:
         key = f"{node.domain}:{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def tiny_gpt2():
+    """GPT-2 (Conv1D projections, fused c_attn, tanh GELU), 2 layers, random weights."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
 
 
 HEADS, HEAD_DIM = 2, 8

@@ -91,6 +91,24 @@ def test_optimized_minilm_window_follows_the_torch_swap(minilm_exports, tmp_path
     assert np.abs(got - full)[real].max() > 1e-2  # the window changed the result
 
 
+@requires_torch
+def test_optimized_gpt2_softmax_attention_after_skip_layer_norm(tmp_path):
+    """model_type="gpt2" leaves softmax(QK^T)V in place behind SkipLayerNormalization (no ONNX shape
+    inference): both blocks fuse, FastGelu and SkipLayerNormalization stay, parity holds."""
+    from edgeattn.export import ExportConfig, export_module
+    from foreign_fixtures import tiny_gpt2
+
+    model = tiny_gpt2()
+    src = export_module(model, "decoder", tmp_path / "gpt2.onnx", ExportConfig(exporter="torchscript", opset=17))
+    path = ort_optimized(src, tmp_path / "gpt2-opt.onnx", model_type="gpt2", num_heads=4, hidden_size=64)
+    assert op_counts(path)["com.microsoft:SkipLayerNormalization"] == 4
+    bundle = build(path, BuildConfig(target="cpu", out=tmp_path / "b", seq=(1, 16, 64), strict=True))
+    assert _passes(bundle)["fuse-attention"]["fused"] == 2
+    assert bundle.manifest.sections["parity"]["status"] == "pass"
+    counts = op_counts(bundle.path / "model.onnx")
+    assert counts["com.microsoft:FastGelu"] == 2 and counts["com.microsoft:SkipLayerNormalization"] == 4
+
+
 def _save(model: onnx.ModelProto, folder) -> str:
     path = folder / "m.onnx"
     onnx.save(model, str(path))

@@ -146,6 +146,8 @@ class FuseAttention:
                         f"upgrades opsets 13-17)"] if left else []
             return self._strict(ctx, self._result(model, already, left, problems))
         common.ShapeInferencePass()(model)
+        while contrib.annotate_shapes(graph):  # ranks through com.microsoft ops, then onward
+            common.ShapeInferencePass()(model)
         meanings, pad = _mask_meanings(model)
         window = _window_input(graph)
         padding = next((v for v in graph.inputs if v.name == pad), None)

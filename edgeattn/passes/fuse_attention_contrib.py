@@ -173,6 +173,31 @@ class ContribAttention(_WindowedRule):
             t.shape = t.shape or ir.Shape([None, heads, None, _head_dim(node, heads)])
 
 
+SHAPE_OF_FIRST_INPUT = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "FastGelu", "BiasGelu",
+                        "Gelu", "QuickGelu", "RotaryEmbedding", "Attention", "MultiHeadAttention")
+
+
+def annotate_shapes(graph: ir.Graph) -> int:
+    """Give the first output of shape-preserving com.microsoft ops the type and rank of their first input.
+
+    ONNX's shape inference knows no com.microsoft op, so everything after the first SkipLayerNormalization
+    of an optimized graph would have no rank and no rule could check its operands. (Attention outputs keep
+    the rank, not the width: the last dim is left unknown.) Returns how many values were annotated."""
+    count = 0
+    for node in graph:
+        out, first = node.outputs[0], (node.inputs[0] if node.inputs else None)
+        if node.domain != MS or node.op_type not in SHAPE_OF_FIRST_INPUT or first is None or out.shape is not None:
+            continue
+        if first.shape is None or first.dtype is None:
+            continue
+        dims = list(first.shape)
+        if node.op_type in ("Attention", "MultiHeadAttention"):
+            dims[-1] = None
+        out.dtype, out.shape = first.dtype, ir.Shape(dims)
+        count += 1
+    return count
+
+
 def rules(window, padding, masks: dict, failures: dict) -> list[ContribAttention]:
     return [ContribAttention(f"contrib-{t}", window, padding, masks, failures, op_type=t) for t in MAPPED]
 
