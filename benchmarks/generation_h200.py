@@ -155,16 +155,20 @@ def decode_kernel_criterion(device, dtype, smoke):
 PREFILL_WINDOWS = (0, 4096, 1024, 256)  # 0 = full
 PREFILL_SHAPE = (2, 32, 8192, 128)  # B, H, S, D (bf16, causal, 4 sinks)
 # --parts prefill_sweep: (tile, HopperVariant fields) candidates, most promising first (a spent budget skips the
-# tail); each is checked against SDPA with the equivalent mask, then timed at every window. The first sweep
-# (benchmarks/results/generation_h200_prefill_sweep1_2026-12-01.json) tried sink_block, split_edges and one_loop
-# over five tiles: sink_block won at every window, split_edges failed to compile (Triton 3.6), one_loop lost.
+# tail); each is checked against SDPA with the equivalent mask, then timed at every window. Sweep 1
+# (benchmarks/results/generation_h200_prefill_sweep1_2026-12-01.json): sink_block won at every window, split_edges
+# failed to compile (Triton 3.6), one_loop lost. Sweep 2 (..._sweep2_...): the persistent kernel lost everywhere.
 SWEEP_CANDIDATES = [
-    ((64, 64, 4, 2), dict(desc=True, persistent=2)), ((64, 64, 4, 2), dict(desc=True, persistent=2, edge_masks=True)),
-    ((64, 32, 4, 2), dict(desc=True, persistent=3)), ((64, 32, 4, 2), dict(desc=True, persistent=3, edge_masks=True)),
-    ((64, 32, 4, 3), dict(desc=True, persistent=2)), ((64, 64, 8, 2), dict(desc=True, persistent=2)),
-    ((64, 64, 4, 3), dict(desc=True, persistent=1)), ((128, 64, 8, 2), dict(desc=True, persistent=1)),
     ((64, 64, 4, 3), dict(desc=True, sink_block=True)), ((64, 32, 4, 2), dict(desc=True, sink_block=True)),
-    ((128, 128, 8, 3), dict(desc=True, sink_block=True)), ((128, 128, 8, 3), dict(desc=True)),
+    ((64, 64, 4, 3), dict(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True)),
+    ((64, 32, 4, 2), dict(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True)),
+    ((64, 32, 4, 3), dict(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True)),
+    ((64, 32, 4, 4), dict(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True)),
+    ((64, 64, 4, 3), dict(desc=True, sink_block=True, tma_store=True)),
+    ((64, 64, 4, 3), dict(desc=True, sink_block=True, fold_scale=True)),
+    ((64, 64, 4, 3), dict(desc=True, sink_block=True, fold_scale=True, rcp_epilogue=True, tma_store=True)),
+    ((128, 128, 8, 3), dict(desc=True, sink_block=True)),
+    ((128, 128, 8, 3), dict(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True)),
 ]
 
 

@@ -47,6 +47,7 @@ VARIANTS = {
     "ptr+one": HopperVariant(one_loop=True),
     "desc+pers2": HopperVariant(desc=True, persistent=2),  # the persistent kernel (causal, no padding cases)
     "desc+pers3+edges": HopperVariant(desc=True, persistent=3, edge_masks=True),
+    "desc+sink+rcp+tstore": HopperVariant(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True),
 }
 TILES = {"16x16": (16, 16, 4, 2), "32x16": (32, 16, 4, 2)}  # BLOCK_M > BLOCK_N: diagonal spans two blocks
 
@@ -74,7 +75,8 @@ def main() -> None:
     for vname, variant in VARIANTS.items():
         for tname, tile in TILES.items():
             for name in CASES:
-                if tname == "32x16" and vname not in ("ptr", "desc", "desc+sink+split", "desc+sink+split+one", "desc+pers2"):
+                if tname == "32x16" and vname not in ("ptr", "desc", "desc+sink+split", "desc+sink+split+one", "desc+pers2",
+                                                      "desc+sink+rcp+tstore"):
                     continue  # keep the run short: the other variants share the tile logic
                 errors[f"{vname}:{tname}:{name}"] = run_case(name, tile=tile, hopper=variant)
     # a misaligned view (row stride 9 halves = 18 bytes) falls back to plain loads and says why

@@ -53,7 +53,8 @@ def test_torch_module_uses_the_kernel_on_cuda_and_hf_swap_runs():
 
 @pytest.mark.parametrize("variant", [{}, {"desc": True}, {"desc": True, "fold_scale": True},
                                      {"desc": True, "sink_block": True}, {"desc": True, "persistent": 2},
-                                     {"desc": True, "persistent": 2, "edge_masks": True}])
+                                     {"desc": True, "persistent": 2, "edge_masks": True},
+                                     {"desc": True, "sink_block": True, "rcp_epilogue": True, "tma_store": True}])
 @pytest.mark.parametrize("tile", [(64, 64, 4, 3), (128, 128, 8, 2)])
 def test_hopper_prefill_variants_bf16(variant, tile):
     """The sm_90 prefill kernel (prefill_hopper.py, issue 6) on odd lengths, GQA, sinks, padding, both directions."""

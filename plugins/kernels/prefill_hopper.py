@@ -164,7 +164,7 @@ def _hopper_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b,
 
 @triton.jit
 def _windowed_fwd_hopper_kernel(
-    Q, K, V, Kp, Vp, Window, Mask,
+    Q, K, V, Kp, Vp, Window, Mask, OutD,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -176,7 +176,7 @@ def _windowed_fwd_hopper_kernel(
     CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DESC: tl.constexpr, FOLD_SCALE: tl.constexpr,
     LOOP_STAGES: tl.constexpr, WARP_SPEC: tl.constexpr, SINK_N: tl.constexpr = 0, SPLIT: tl.constexpr = False,
-    ONE_LOOP: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False, RCP_EPILOGUE: tl.constexpr = False, TMA_STORE: tl.constexpr = False,
 ):
     # q, out: [B, H, S_q, D]; k, v: [B, H_kv, S_k, D] (DESC: 4-D descriptors over the same; Kp, Vp: the same
     # as pointers); window: [] int64; mask: [B, S_k] int8 (HAS_PAD)
@@ -218,10 +218,16 @@ def _windowed_fwd_hopper_kernel(
                                           stride_vn, offs_d, sink_stop, qk_scale, HAS_PAD, FOLD_SCALE, SINK_N)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # rows with no attended key -> zeros
-    out = acc / l_safe[:, None]
-    o_base = b * stride_ob + h.to(tl.int64) * stride_oh
-    o_ptrs = Out + o_base + rows[:, None] * stride_om + offs_d[None, :]
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows < S_q)[:, None])
+    if RCP_EPILOGUE:  # one reciprocal per row, then a multiply per element (not a division per element)
+        out = acc * (1.0 / l_safe)[:, None]
+    else:
+        out = acc / l_safe[:, None]
+    if TMA_STORE:  # OutD: a descriptor over out [B, H, S_q, D]; rows past S_q are not written
+        OutD.store([b32, h, first, 0], out.to(Kp.dtype.element_ty).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    else:
+        o_base = b * stride_ob + h.to(tl.int64) * stride_oh
+        o_ptrs = Out + o_base + rows[:, None] * stride_om + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows < S_q)[:, None])
 
 
 def sink_block_keys(sinks: int, block_n: int) -> int:
@@ -291,7 +297,7 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
             return persistent_prefill(q, k, v, window, sinks=int(sinks), scale=scale, tile=(bm, bn, warps, stages),
                                       programs_per_sm=variant.persistent, stages=int(variant.loop_stages or stages),
                                       sms=sms, edge_masks=variant.edge_masks)
-    qa, ka, va = q, k, v
+    qa, ka, va, oa = q, k, v, out
     if use_desc:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -299,10 +305,12 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
         qa = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, bm, d])
         ka = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, bn, d])
         va = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, bn, d])
+        if variant.tma_store:
+            oa = TensorDescriptor(out, list(out.shape), list(out.stride()), [1, 1, bm, d])
     sink_n = sink_block_keys(int(sinks), bn) if variant.sink_block else 0
     grid = (triton.cdiv(s_q, bm), b * h)
     _windowed_fwd_hopper_kernel[grid](
-        qa, ka, va, k, v, window, mask,
+        qa, ka, va, k, v, window, mask, oa,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -314,6 +322,7 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
         FOLD_SCALE=bool(variant.fold_scale), LOOP_STAGES=int(variant.loop_stages or stages),
         WARP_SPEC=bool(variant.warp_specialize), SINK_N=sink_n,
         SPLIT=bool(variant.split_edges) and bool(causal) and not has_pad, ONE_LOOP=bool(variant.one_loop),
+        RCP_EPILOGUE=bool(variant.rcp_epilogue), TMA_STORE=bool(variant.tma_store and use_desc),
         num_warps=warps, num_stages=stages,
     )
     return out

@@ -38,8 +38,11 @@ PREFILL_WINDOW_TABLE: dict[tuple[int, int], list[tuple[int, tuple[int, int, int,
     # second H200 sweep, 2026-11-29 (benchmarks/results/attention_h200_sweep2_2026-11-29.log)
     (90, 64): [(256, (64, 64, 4, 2), {"desc": True}), (1024, (64, 64, 4, 2), {"desc": True, "loop_stages": 2}),
                (0, (64, 128, 4, 3), {"desc": True})],
-    (90, 128): [(256, (64, 64, 4, 3), {"desc": True}), (1024, (64, 64, 4, 3), {"desc": True, "fold_scale": True}),
-                (0, (128, 128, 8, 3), {"desc": True})],
+    # D = 128: prefill sweeps of 2026-12-01 (benchmarks/results/generation_h200_prefill_sweep*_2026-12-01.json,
+    # B = 2, H = 32, S = 8192, 4 sinks): the narrow sink block at every window
+    (90, 128): [(256, (64, 32, 4, 2), {"desc": True, "sink_block": True}),
+                (1024, (64, 64, 4, 3), {"desc": True, "sink_block": True}),
+                (0, (128, 128, 8, 3), {"desc": True, "sink_block": True})],
 }
 DECODE_BLOCK_N = 64  # keys per block of the split-K decode kernel
 DECODE_MAX_QUERIES = 16  # windowed_attention takes the decode path for S_q at or below this ...
@@ -74,7 +77,9 @@ class HopperVariant:
     the edge blocks in one pipelined loop (one prologue; masks chosen per block) instead of two loops.
     persistent: programs per SM of the persistent kernel (prefill_persistent.py: causal, no padding; one loop
     over every (tile, key block) step of a program's tiles; 0: one program per tile, this kernel);
-    edge_masks: there, mask only the blocks crossing a window edge or the diagonal.
+    edge_masks: there, mask only the blocks crossing a window edge or the diagonal. rcp_epilogue: the epilogue
+    multiplies by one reciprocal per row instead of dividing every element. tma_store: (with desc) the output
+    tile leaves through a tensor descriptor (an asynchronous bulk store).
     """
 
     desc: bool = False
@@ -86,6 +91,8 @@ class HopperVariant:
     one_loop: bool = False
     persistent: int = 0
     edge_masks: bool = False
+    rcp_epilogue: bool = False
+    tma_store: bool = False
 
     def __post_init__(self):
         if self.loop_stages is not None and not 1 <= self.loop_stages <= 6:
@@ -104,7 +111,8 @@ class HopperVariant:
         parts += (["ws"] if self.warp_specialize else []) + (["sink"] if self.sink_block else [])
         parts += (["split"] if self.split_edges else []) + (["one"] if self.one_loop else [])
         parts += [f"pers{self.persistent}"] if self.persistent else []
-        return "+".join(parts + (["edges"] if self.edge_masks else []))
+        parts += (["edges"] if self.edge_masks else []) + (["rcp"] if self.rcp_epilogue else [])
+        return "+".join(parts + (["tstore"] if self.tma_store else []))
 
 
 def window_row(arch: int, head_dim: int, window_hint: int | None):
