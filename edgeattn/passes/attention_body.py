@@ -18,6 +18,7 @@ import onnx_ir.passes.common as common
 from edgeattn.attention import DOMAIN, OP_TYPE
 from edgeattn.attention.onnx_function import BODIES, DENSE_MAX_SEQ, function_proto
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes import attention_ort_fused as fused_attention
 from edgeattn.passes.rewiring import constant, replace_value
 
 
@@ -46,11 +47,14 @@ class AttentionBody:
         if body == "dense":
             model.functions[key] = ir.serde.deserialize_function(function_proto(opset, body))
             if ctx.target.backend == "onnxruntime":
-                lowered, reasons = lower_dense(model)
-                details["lowered"], details["kept"] = lowered, reasons
+                lowered, reasons, plain = lower_dense(model)
+                details["lowered"], details["kept"], details["plain_ops"] = lowered, reasons, plain
+                details["fused_kernels"] = lowered - len(plain)
                 if reasons:  # nodes the direct lowering cannot take run the dense function, inlined
                     details["inlined"] = _inline_and_share(model)
-                why += f"; {lowered} layers lowered to plain ops with one shared mask" + \
+                why += f"; {lowered} layers lowered with one shared mask, {lowered - len(plain)} of them to " \
+                       f"ONNX Runtime's fused attention kernel" + \
+                       (f" ({len(plain)} to plain ops: {'; '.join(sorted(set(plain.values())))})" if plain else "") + \
                        (f", {details['inlined']} inlined ({'; '.join(sorted(set(reasons.values())))})" if reasons else "")
                 if not reasons:
                     common.RemoveUnusedFunctionsPass()(model)
@@ -70,15 +74,16 @@ def _why_not_lowered(node: ir.Node) -> str | None:
     return None
 
 
-def lower_dense(model: ir.Model) -> tuple[int, dict[str, str]]:
-    """Replace each WindowedAttention node by plain ops (scores, shared additive mask, Softmax, weighted
-    sum) with its attributes as constants, so ONNX Runtime fuses the scale into its MatMul. The mask
-    ([B, 1, S_k, S_k] bias and "row has a key") is built once per (window, padding, causal, sinks).
-    Returns (nodes lowered, {node: why it was kept})."""
+def lower_dense(model: ir.Model, fuse_kernels: bool = True) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Replace each WindowedAttention node by ONNX Runtime's fused attention kernel where its inputs are head
+    splits of projections (passes/attention_ort_fused.py), else by plain ops (scores, shared additive mask,
+    Softmax, weighted sum) with its attributes as constants, so ONNX Runtime fuses the scale into its MatMul.
+    The mask ([B, 1, S_k, S_k] bias and "row has a key") is built once per (window, padding, causal, sinks).
+    Returns (nodes lowered, {node: why it was kept}, {node lowered to plain ops: why not to the kernel})."""
     common.ShapeInferencePass()(model)
     graph = model.graph
     shared: dict[tuple, tuple[ir.Value, ir.Value]] = {}
-    lowered, kept = 0, {}
+    lowered, kept, plain = 0, {}, {}
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == OP_TYPE]:
         reason = _why_not_lowered(node)
         if reason:
@@ -126,6 +131,13 @@ def lower_dense(model: ir.Model) -> tuple[int, dict[str, str]]:
             sk_v = op("Shape", k, start=2, end=3)
             rows = (op("Sub", sk_v, sq_v), sk_v, c("axesm2", np.array([-2], np.int64)))
             bias, any_ok = op("Slice", bias, *rows), op("Slice", any_ok, *rows)
+        graph.insert_before(node, new)  # the mask, then ONNX Runtime's fused kernel or the plain ops
+        why = fused_attention.fuse(graph, node, bias, any_ok, scale, pad is not None) if fuse_kernels else "not asked"
+        if why is None:
+            lowered += 1
+            continue
+        plain[node.name or "WindowedAttention"] = why
+        mask_nodes = len(new)
         qs = op("Mul", q, c(f"scale_{scale:.9g}", np.array(scale, np.float32)))
         g = h // hkv
         if g > 1:  # GQA: the G query heads of a kv head become G*S_q rows of one GEMM
@@ -140,12 +152,15 @@ def lower_dense(model: ir.Model) -> tuple[int, dict[str, str]]:
         if g > 1:
             out = op("Reshape", out, c(f"shape_heads_{h}_{d}", np.array([0, h, -1, d], np.int64)))
         out = op("Mul", out, any_ok)  # rows with no key at all: zeros
-        graph.insert_before(node, new)
+        graph.insert_before(node, new[mask_nodes:])
         out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
         replace_value(graph, node.outputs[0], out)
         graph.remove(node, safe=True)
         lowered += 1
-    return lowered, kept
+    if lowered > len(plain):  # the fused layers' head splits, merges and op nodes
+        model.opset_imports.setdefault(fused_attention.MS, 1)
+        common.RemoveUnusedNodesPass()(model)
+    return lowered, kept, plain
 
 
 def _inline_and_share(model: ir.Model) -> int:
