@@ -127,3 +127,84 @@ def contrib_reference(x: np.ndarray, mask: np.ndarray, *, causal: bool, window: 
         p = np.exp(scores - scores.max(-1, keepdims=True))
         p = p / p.sum(-1, keepdims=True)
     return (p @ v).transpose(0, 2, 1, 3).reshape(*x.shape[:2], HIDDEN)
+
+
+# Hugging Face Optimum's ONNX exports, written here the way Optimum writes them: its exporter is the TorchScript
+# exporter behind a wrapper, with these input/output names and dim names. (optimum-onnx needs transformers < 4.58
+# and does not install beside transformers 5; docs/attention-fusion.md.)
+OPTIMUM_OPSET = 14  # optimum's default opset for BERT and Llama exports
+
+
+def optimum_style_encoder(model, out: Path, opset: int = OPTIMUM_OPSET) -> Path:
+    """input_ids, attention_mask, token_type_ids [batch_size, sequence_length] -> last_hidden_state."""
+    import torch
+
+    class Encoder(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    ids = torch.randint(0, 1000, (2, 16))
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    dyn = {n: {0: "batch_size", 1: "sequence_length"} for n in [*names, "last_hidden_state"]}
+    with torch.no_grad():
+        torch.onnx.export(Encoder(model).eval(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(out),
+                          dynamo=False, opset_version=opset, input_names=names, output_names=["last_hidden_state"],
+                          dynamic_axes=dyn)
+    return out
+
+
+PAST, TOTAL = "past_sequence_length", "past_sequence_length + sequence_length"
+
+
+def cache_names(layers: int) -> tuple[list[str], list[str]]:
+    return ([f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")],
+            [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")])
+
+
+def optimum_style_decoder_with_past(model, out: Path, opset: int = OPTIMUM_OPSET) -> Path:
+    """Optimum's `text-generation-with-past` export of a Llama: input_ids, attention_mask [batch_size, past +
+    new], position_ids, past_key_values.N.key/value [batch_size, H_kv, past_sequence_length, D] -> logits,
+    present.N.key/value (past + new)."""
+    import torch
+    import transformers
+
+    cfg = model.config
+    layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    class WithPast(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = transformers.DynamicCache(config=self.inner.config)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            result = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                past_key_values=cache, use_cache=True)
+            return (result.logits, *[t for layer in result.past_key_values.layers for t in (layer.keys, layer.values)])
+
+    b, p, s = 2, 5, 3
+    ids = torch.randint(0, 1000, (b, s))
+    mask, pos = torch.ones(b, p + s, dtype=torch.int64), torch.arange(p, p + s)[None].expand(b, s)
+    past = [torch.randn(b, kv_heads, p, head_dim) for _ in range(2 * layers)]
+    past_names, present_names = cache_names(layers)
+    dyn = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: TOTAL},
+           "position_ids": {0: "batch_size", 1: "sequence_length"}, "logits": {0: "batch_size", 1: "sequence_length"},
+           **{n: {0: "batch_size", 2: PAST} for n in past_names}, **{n: {0: "batch_size", 2: TOTAL} for n in present_names}}
+    with torch.no_grad():
+        torch.onnx.export(WithPast(model).eval(), (ids, mask, pos, *past), str(out), dynamo=False, opset_version=opset,
+                          input_names=["input_ids", "attention_mask", "position_ids", *past_names],
+                          output_names=["logits", *present_names], dynamic_axes=dyn)
+    return out
+
+
+def with_past_dims(past: int, seq: tuple[int, int, int]) -> tuple:
+    """BuildConfig.dims for an Optimum decoder: a fixed past length, and past + new following the new tokens."""
+    return ((PAST, (past, past, past)), (TOTAL, tuple(past + n for n in seq)))

@@ -48,13 +48,21 @@ def _ancestors(graph: onnx.GraphProto, outputs: list[str]) -> onnx.GraphProto:
     return onnx.helper.make_graph(need, "masks", inputs, outs, inits)
 
 
+def _empty_cache_dims(specs) -> dict[str, int]:
+    """KV-cache inputs (Optimum's past_key_values.N.key, ...) are probed empty: the past length is 0, so
+    every other sequence dim (new tokens, past + new in the mask) is PROBE_SEQ and they agree."""
+    token_dims = {d for s in specs if s.role == "token_ids" for d in s.dims}  # never empty the new tokens
+    return {dim: 0 for s in specs if any(word in s.name.lower() for word in ("past", "cache")) and len(s.dims) == 4
+            for dim in s.dims[1:] if isinstance(dim, str) and dim not in token_dims}
+
+
 def probe_feeds(model: onnx.ModelProto) -> tuple[dict[str, np.ndarray], str | None]:
     """Sample inputs for the probe and the name of the padding-mask input (None if the model has none)."""
     from edgeattn.onnx_model import signature
     from edgeattn.sample_inputs import make_inputs
 
     specs = signature(model).inputs
-    sizes = {}
+    sizes = _empty_cache_dims(specs)
     for spec in specs:
         for axis, dim in enumerate(spec.dims):
             if isinstance(dim, str):
