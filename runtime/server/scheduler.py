@@ -13,8 +13,8 @@ job takes it: the attention op never reads rows beyond a stream's position, so n
 
 The live window is read once per iteration and applies to every slot's next step (the sinks are always kept).
 Events go back to the event loop in one call per iteration (`deliver(list of (job, Event))`), made just before
-the next model call (or before the worker sleeps): the loop's routing, JSON and socket writes then run while
-ONNX Runtime holds no GIL, instead of the two threads taking turns with it. `profile` (a StepProfile) times
+the next model call (or before the worker sleeps), so that the loop's routing, JSON and socket writes run while
+the model runs without the GIL (the runtime's courier thread wakes the loop). `profile` (a StepProfile) times
 every phase of the iterations (docs/serving.md, "Where the time goes").
 """
 
