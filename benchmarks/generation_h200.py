@@ -158,6 +158,7 @@ PREFILL_SHAPE = (2, 32, 8192, 128)  # B, H, S, D (bf16, causal, 4 sinks)
 # tail); each is checked against SDPA with the equivalent mask, then timed at every window. Sweep 1
 # (benchmarks/results/generation_h200_prefill_sweep1_2026-12-01.json): sink_block won at every window, split_edges
 # failed to compile (Triton 3.6), one_loop lost. Sweep 2 (..._sweep2_...): the persistent kernel lost everywhere.
+# Sweep 3 (below; generation_h200_prefill_2026-12-01.json): rcp_epilogue and tma_store inside the run-to-run noise.
 SWEEP_CANDIDATES = [
     ((64, 64, 4, 3), dict(desc=True, sink_block=True)), ((64, 32, 4, 2), dict(desc=True, sink_block=True)),
     ((64, 64, 4, 3), dict(desc=True, sink_block=True, rcp_epilogue=True, tma_store=True)),
@@ -225,7 +226,7 @@ def prefill_sweep(device, dtype, smoke, budget_s=420.0):
     q, k, v, windows = _prefill_inputs(device, dtype, smoke)
     s = q.shape[2]
     refs = {w: _sdpa_reference(q, k, v, w, 4) for w in windows}
-    candidates = SWEEP_CANDIDATES if not smoke else [((16, 16, 4, 2), v) for _, v in SWEEP_CANDIDATES[:4]]
+    candidates = SWEEP_CANDIDATES if not smoke else [((16, 16, 4, 2), hv) for _, hv in SWEEP_CANDIDATES[:4]]
     rows, t0 = [], time.perf_counter()
     for tile, variant in candidates:
         name = f"{HopperVariant(**variant).name} {tile}"

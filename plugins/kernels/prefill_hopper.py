@@ -12,9 +12,15 @@ kernel; what differs:
   over the edge blocks (window start, diagonal / right edge / sequence end) and the sinks.
 - FOLD_SCALE: q is multiplied by scale / ln 2 once (in fp32, rounded back to q's dtype) so a score
   needs only a subtraction before exp2 (costs one extra rounding of q).
+- SINK_N > 0 (HopperVariant.sink_block): the sinks left of the window as one narrow block (16 keys for
+  up to 16 sinks, a per-key mask) after the loops, not a whole masked BLOCK_N block in the edge loop:
+  at W = 256 with 64-key blocks that block was a sixth of each tile's work.
+- ONE_LOOP: band and edges in one pipelined loop, masks chosen per block (SPLIT: the diagonal blocks by
+  the causal test alone); RCP_EPILOGUE, TMA_STORE: the epilogue's reciprocal and descriptor store.
 
-Reads top to bottom: the load and softmax step, the two loops, the kernel, `descriptor_problem` and the
-public launch `hopper_prefill`.
+Reads top to bottom: the load and softmax steps, the sink block, the loops, the kernel,
+`sink_block_keys`, `descriptor_problem` and the public launch `hopper_prefill`. The persistent kernel for
+short windows (HopperVariant.persistent) is prefill_persistent.py.
 """
 
 from __future__ import annotations
@@ -60,23 +66,16 @@ def _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE: tl.constexpr):
 
 @triton.jit
 def _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start, offs_d, pos,
-                 Mask, mask_base, window, sinks, S_k, qk_scale, diag,
+                 Mask, mask_base, window, sinks, S_k, qk_scale,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr,
-                 DESC: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr = False):
-    # One online-softmax step over the key block at `start` (MASKED: window mask and S_k bounds; SPLIT and
-    # diag: a causal right-edge block, inside every row's window, masked by the causal test alone).
+                 DESC: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    # One online-softmax step over the key block at `start` (MASKED: window mask and S_k bounds).
     # q: [BLOCK_M, D]; k, v: [BLOCK_N, D]; acc: [BLOCK_M, D] fp32; log2 domain
     offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
     k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
     v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
     qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32 (FOLD_SCALE: already times scale / ln 2)
-    if SPLIT:
-        if diag:  # keys j >= p_max - W + 1: only j <= p can fail (and j <= p < S_k)
-            qk = tl.where(offs_n[None, :] <= pos[:, None], qk, float("-inf"))
-        else:
-            qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
-    else:
-        qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
+    qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
     return _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE)
 
 
@@ -102,7 +101,7 @@ def _hopper_sinks(acc, l_i, m_i, q, Kp, Vp, k_base, v_base, Mask, mask_base, str
 def _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk, stride_kn, stride_vn,
                   pos, offs_d, start_n, full_lo, full_hi, end_blk, sink_stop, window, sinks, S_k, qk_scale,
                   CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, FOLD_SCALE: tl.constexpr, DESC: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, SINK_N: tl.constexpr, SPLIT: tl.constexpr):
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, SINK_N: tl.constexpr):
     # One masked loop over the few edge blocks: window start [start_n, full_lo), diagonal / right edge /
     # sequence end [full_hi, end_blk), then (SINK_N == 0) the sinks left of the window [0, sink_stop).
     n_left = (full_lo - start_n) // BLOCK_N
@@ -112,10 +111,9 @@ def _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk
     for t in range(0, n_edge + n_sink):
         start = tl.where(t < n_left, start_n + t * BLOCK_N,
                          tl.where(t < n_edge, full_hi + (t - n_left) * BLOCK_N, (t - n_edge) * BLOCK_N))
-        diag = (t >= n_left) & (t < n_edge)  # a right-edge block (SPLIT: causal test only)
         acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start,
-                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale, diag,
-                                     True, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM, SPLIT)
+                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale,
+                                     True, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
     return acc, l_i, m_i
 
 
@@ -130,7 +128,7 @@ def _hopper_band(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b, hk,
     # (the loop attribute tt.warp_specialize is set only when WARP_SPEC is true)
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES, warp_specialize=WARP_SPEC):
         acc, l_i, m_i = _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, stride_vn, start_n,
-                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale, False,
+                                     offs_d, pos, Mask, mask_base, window, sinks, S_k, qk_scale,
                                      False, CAUSAL, HAS_PAD, FOLD_SCALE, DESC, BLOCK_N, HEAD_DIM)
     return acc, l_i, m_i
 
@@ -211,7 +209,7 @@ def _windowed_fwd_hopper_kernel(
         acc, l_i, m_i = _hopper_edges(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b32, hk32,
                                       stride_kn, stride_vn, pos, offs_d, start_n, full_lo, full_hi, end_blk,
                                       sink_stop, window, sinks, S_k, qk_scale, CAUSAL, HAS_PAD, FOLD_SCALE, DESC,
-                                      BLOCK_N, HEAD_DIM, SINK_N, SPLIT)
+                                      BLOCK_N, HEAD_DIM, SINK_N)
     if SINK_N > 0:  # 3) the sinks as one narrow block, after the loops (its buffers reuse theirs)
         if sink_stop > 0:
             acc, l_i, m_i = _hopper_sinks(acc, l_i, m_i, q, Kp, Vp, k_base, v_base, Mask, mask_base, stride_kn,
@@ -278,7 +276,6 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
     h_kv, s_k = k.shape[1], k.shape[2]
     arch = device_arch(q.device) if arch is None else arch
     bm, bn, warps, stages = tile or prefill_tile(arch, d)
-    out = torch.empty_like(q)  # out: [B, H, S_q, D]
     mask = mask_argument(key_padding_mask, window)
     has_pad = key_padding_mask is not None
     use_desc = variant.desc
@@ -297,6 +294,7 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
             return persistent_prefill(q, k, v, window, sinks=int(sinks), scale=scale, tile=(bm, bn, warps, stages),
                                       programs_per_sm=variant.persistent, stages=int(variant.loop_stages or stages),
                                       sms=sms, edge_masks=variant.edge_masks)
+    out = torch.empty_like(q)  # out: [B, H, S_q, D]
     qa, ka, va, oa = q, k, v, out
     if use_desc:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -321,7 +319,8 @@ def hopper_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_padd
         CAUSAL=bool(causal), HAS_PAD=has_pad, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, DESC=use_desc,
         FOLD_SCALE=bool(variant.fold_scale), LOOP_STAGES=int(variant.loop_stages or stages),
         WARP_SPEC=bool(variant.warp_specialize), SINK_N=sink_n,
-        SPLIT=bool(variant.split_edges) and bool(causal) and not has_pad, ONE_LOOP=bool(variant.one_loop),
+        SPLIT=bool(variant.split_edges and variant.one_loop) and bool(causal) and not has_pad,
+        ONE_LOOP=bool(variant.one_loop),
         RCP_EPILOGUE=bool(variant.rcp_epilogue), TMA_STORE=bool(variant.tma_store and use_desc),
         num_warps=warps, num_stages=stages,
     )

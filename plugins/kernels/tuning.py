@@ -72,9 +72,10 @@ class HopperVariant:
     pipeline depth of the unmasked band loop (None: the tile's num_stages). warp_specialize: the band loop
     as `tl.range(..., warp_specialize=True)` (Triton >= 3.4 on Hopper/Blackwell). sink_block: the sinks left of
     the window as one narrow block (16 keys for up to 16 sinks) with a per-key mask, not a whole masked
-    BLOCK_N block (prefill_hopper.sink_block_keys). split_edges: causal, no padding: the right-edge
-    (diagonal) blocks are masked by the causal test alone, not the full window test. one_loop: the band and
-    the edge blocks in one pipelined loop (one prologue; masks chosen per block) instead of two loops.
+    BLOCK_N block (prefill_hopper.sink_block_keys). one_loop: the band and the edge blocks in one pipelined
+    loop (one prologue; masks chosen per block) instead of two loops. split_edges: with one_loop, causal, no
+    padding: the right-edge (diagonal) blocks are masked by the causal test alone, not the full window test
+    (ignored without one_loop: as a branch in the two-loop kernel's edge loop it broke Triton 3.6's pipeliner).
     persistent: programs per SM of the persistent kernel (prefill_persistent.py: causal, no padding; one loop
     over every (tile, key block) step of a program's tiles; 0: one program per tile, this kernel);
     edge_masks: there, mask only the blocks crossing a window edge or the diagonal. rcp_epilogue: the epilogue
