@@ -48,8 +48,11 @@ def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
     assert passes["fuse-rmsnorm-cpu"]["details"]["fused"] == 2 * LAYERS + 1
     assert passes["fuse-rotary-cpu"]["details"]["fused"] == 3 * LAYERS  # query at t, query for the sinks, key
     assert passes["fuse-rotary-cpu"]["details"]["tables"] == 2  # positions t, sink positions min(t, sinks + W)
+    assert passes["fuse-rmsnorm-cpu"]["details"]["with_residual"] == 2 * LAYERS  # all but the first norm
+    assert passes["pack-matmuls-cpu"]["details"] == {"packed": 2 * LAYERS, "projections": 5 * LAYERS}  # QKV, gate/up
     ops = collections.Counter(n.op_type for n in onnx.load(str(bundle_path / "model.ort.onnx")).graph.node)
-    assert ops["SimplifiedLayerNormalization"] + ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS + 1
+    assert ops["SimplifiedLayerNormalization"] == 1 and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    assert ops["MatMul"] + ops["FusedMatMul"] == 4 * LAYERS + 1 + 3 * LAYERS  # QKV, o, gate/up, down, LM head; attention
     assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Neg"] == 0 and ops["Pow"] == 0
     assert sum(ops.values()) < 60 * LAYERS + 80  # ~70 shared (geometry, tables); the op body alone was 136 a layer
 
@@ -95,3 +98,19 @@ def test_tensorrt_targets_keep_the_graph(tiny_decoder):
         model = ir.serde.deserialize_model(onnx.load(str(onnx_path)))
         before = len(list(model.graph))
         assert not p(model, PassContext(get_target("rtx"))).changed and len(list(model.graph)) == before
+
+
+def test_int4_projections_are_packed_and_match_the_int4_export(tiny_decoder, tmp_path):
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.weight_only import quantize_weights_int4
+
+    _, _, onnx_path, _ = tiny_decoder
+    int4 = quantize_weights_int4(onnx_path, tmp_path / "tiny_int4.onnx")
+    bundle = build(int4, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),),
+                                     out=str(tmp_path / "int4.edgeattn")))
+    ops = collections.Counter(n.op_type for n in onnx.load(str(bundle.path / "model.ort.onnx")).graph.node)
+    assert ops["MatMulNBits"] == 4 * LAYERS + 1  # QKV, o, gate/up, down; the LM head
+    want_sess, got_sess = _session(str(int4)), _session(str(bundle.path / "model.ort.onnx"))
+    feeds = _feeds(want_sess, batch=2, seq=3, positions=[5, 90], window=6)
+    for want, got in zip(want_sess.run(None, feeds), got_sess.run(None, feeds)):
+        np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-3)  # int8 activations: rounding may differ

@@ -18,6 +18,8 @@ from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes.gelu_cpu import _close, _only_use, _other, _scalar
 from edgeattn.passes.rewiring import replace_value
 
+MS = "com.microsoft"
+
 
 def _axes_last(node: ir.Node) -> bool:
     axes = node.attributes.get_ints("axes", None)
@@ -28,8 +30,9 @@ def _axes_last(node: ir.Node) -> bool:
     return axes is not None and len(axes) == 1 and (axes[0] == -1 or (rank is not None and axes[0] == rank - 1))
 
 
-def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node] | str:
-    """(x, weight, epsilon, the node that scales x by 1 / sqrt(..)) or why this ReduceMean is not an RMSNorm."""
+def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node, ir.Node] | str:
+    """(x, weight, epsilon, the node that scales x by 1 / sqrt(..), the node whose output is the norm) or why
+    this ReduceMean is not an RMSNorm."""
     pow_ = mean.inputs[0].producer()
     if pow_ is None or pow_.op_type != "Pow" or not _close(_scalar(pow_.inputs[1]), 2.0):
         return "ReduceMean input is not x ^ 2"
@@ -59,7 +62,7 @@ def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node] | str:
     tensor = ir.convenience.get_const_tensor(weight) if weight is not None else None
     if tensor is None or len(tensor.shape) != 1:
         return "the normalized x is not multiplied by a constant 1-D weight"
-    return x, weight, eps, scale
+    return x, weight, eps, scale, weigh
 
 
 class FuseRmsNormForCpu:
@@ -68,7 +71,7 @@ class FuseRmsNormForCpu:
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"{ctx.target.backend} fuses RMSNorm itself", {"fused": 0})
-        fused, unfused = 0, []
+        fused, skipped, unfused = 0, 0, []
         graph = model.graph
         for mean in [n for n in graph if n.op_type == "ReduceMean" and n.domain == ""]:
             found = match(mean)
@@ -76,16 +79,54 @@ class FuseRmsNormForCpu:
                 if not found.startswith("ReduceMean input is not"):  # a plain mean is not a near-miss
                     unfused.append({"node": mean.name, "reason": found})
                 continue
-            x, _, _, scale = found
-            if scale.op_type == "Mul":  # x * (1 / sqrt(..)) -> x / sqrt(..), the spelling ONNX Runtime fuses
+            x, weight, eps, scale, weigh = found
+            if _residual(x) is not None:
+                _skip_norm(graph, _residual(x), weight, eps, weigh)
+                skipped += 1
+            elif scale.op_type == "Mul":  # x * (1 / sqrt(..)) -> x / sqrt(..), the spelling ONNX Runtime fuses
                 inv = _other(scale, x).producer()
                 div = ir.node("Div", [x, inv.inputs[0]], name=f"{scale.name}/Div")
                 graph.insert_before(scale, div)
                 div.outputs[0].shape, div.outputs[0].dtype = scale.outputs[0].shape, scale.outputs[0].dtype
                 replace_value(graph, scale.outputs[0], div.outputs[0])
             fused += 1
+        if skipped:
+            model.opset_imports.setdefault(MS, 1)
         if fused:
             common.RemoveUnusedNodesPass()(model)
         problems = [f"RMSNorm at {u['node']} left as element-wise ops: {u['reason']}" for u in unfused]
-        return PassResult(self.name, fused > 0, f"{fused} RMSNorm fused into SimplifiedLayerNormalization",
-                          {"fused": fused, "unfused": unfused}, problems)
+        return PassResult(self.name, fused > 0, f"{fused} RMSNorm for ONNX Runtime: {skipped} with their residual Add "
+                          f"fused into SkipSimplifiedLayerNormalization, {fused - skipped} spelled for its "
+                          "SimplifiedLayerNormalization fusion", {"fused": fused, "with_residual": skipped,
+                                                                   "unfused": unfused}, problems)
+
+
+def _residual(x: ir.Value) -> ir.Node | None:
+    """The Add that makes x, when it sums two float [B, S, hidden] tensors of one shape (a residual)."""
+    add = x.producer()
+    if add is None or add.op_type != "Add" or add.domain != "":
+        return None
+    a, b = add.inputs[:2]
+    if any(v.shape is None or len(v.shape) != 3 or v.dtype != ir.DataType.FLOAT for v in (a, b)):
+        return None
+    same = all(str(p) == str(q) for p, q in zip(a.shape, b.shape)) and isinstance(a.shape[2], int)
+    return add if same else None
+
+
+def _skip_norm(graph: ir.Graph, add: ir.Node, weight: ir.Value, eps: float, weigh: ir.Node) -> None:
+    """norm(a + b) and a + b from one com.microsoft.SkipSimplifiedLayerNormalization (its output 3 is the sum)."""
+    node = ir.node("SkipSimplifiedLayerNormalization", [add.inputs[0], add.inputs[1], weight],
+                   attributes={"epsilon": eps}, domain=MS, num_outputs=4, name=f"{weigh.name}/SkipSimplifiedLayerNorm")
+    graph.insert_before(weigh, node)
+    y, total = node.outputs[0], node.outputs[3]
+    y.shape, y.dtype = weigh.outputs[0].shape, weigh.outputs[0].dtype
+    total.shape, total.dtype = add.outputs[0].shape, add.outputs[0].dtype
+    replace_value(graph, weigh.outputs[0], y)
+    later = [u for u in add.outputs[0].uses() if _after(graph, u.node, node)]
+    for use in later:  # readers of the sum after the norm (the next residual) read output 3
+        use.node.replace_input_with(use.idx, total)
+
+
+def _after(graph: ir.Graph, node: ir.Node, anchor: ir.Node) -> bool:
+    order = {id(n): i for i, n in enumerate(graph)}
+    return order[id(node)] > order[id(anchor)]
