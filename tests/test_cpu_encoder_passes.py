@@ -19,13 +19,33 @@ H, D = 3, 4
 E = H * D
 
 
+X_SCALE = 0.03
+
+
+def int8_weights(rng) -> dict:
+    """Per-column symmetric int8 weights, |w| <= 63 (so a u8 x s8 pair sum stays in int16 on CPUs without VNNI)."""
+    out = {}
+    for n in "qkv":
+        out[f"w{n}_int8"] = rng.integers(-63, 64, (E, E)).astype(np.int8)
+        out[f"w{n}_scale"] = (rng.random(E) * 0.01 + 0.005).astype(np.float32)
+    return out
+
+
+def quantized(x: np.ndarray, scale: float) -> np.ndarray:
+    return np.clip(np.round(x / scale), -128, 127) * scale  # np.round: half to even, as QuantizeLinear
+
+
 def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = False, merge: bool = True,
-                  padded: bool = True, seed: int = 0) -> tuple[onnx.ModelProto, dict]:
+                  padded: bool = True, seed: int = 0, int8: bool = False) -> tuple[onnx.ModelProto, dict]:
     """x [B, S, E] -> q, k, v projections -> head splits -> WindowedAttention -> [B, S, E] (a BERT layer's
-    attention as the exporters write it). Returns the model and its constants."""
+    attention as the exporters write it; `int8`: a QAT export's Q/DQ projections). Returns the model and its
+    constants (the float weights `w?` the Q/DQ ones stand for)."""
     rng = np.random.default_rng(seed)
     consts = {f"w{n}": (rng.standard_normal((E, E)) * 0.3).astype(np.float32) for n in "qkv"}
     consts.update({f"b{n}": (rng.standard_normal(E) * 0.1).astype(np.float32) for n in "qkv"})
+    if int8:
+        q8 = int8_weights(rng)
+        consts.update({f"w{n}": q8[f"w{n}_int8"].astype(np.float32) * q8[f"w{n}_scale"] for n in "qkv"})
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", E]),
               helper.make_tensor_value_info("window", TensorProto.INT64, [])]
     if padded:
@@ -33,8 +53,14 @@ def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = Fal
     if weights_as_inputs:  # weights that are not constants: the packed Attention op cannot take them
         inputs += [helper.make_tensor_value_info(f"w{n}", TensorProto.FLOAT, [E, E]) for n in "qkv"]
     nodes = []
+    if int8:  # one activation quantizer for q, k and v, per-column weight scales
+        nodes += [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+                  helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xdq"])]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{n}_int8", f"w{n}_scale", f"w{n}_zero"], [f"w{n}"], axis=1)
+                  for n in "qkv"]
     for n in "qkv":
-        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"m{n}"]), helper.make_node("Add", [f"m{n}", f"b{n}"], [f"a{n}"]),
+        nodes += [helper.make_node("MatMul", ["xdq" if int8 else "x", f"w{n}"], [f"m{n}"]),
+                  helper.make_node("Add", [f"m{n}", f"b{n}"], [f"a{n}"]),
                   helper.make_node("Reshape", [f"a{n}", "split"], [f"r{n}"]),
                   helper.make_node("Transpose", [f"r{n}"], [n], perm=[0, 2, 1, 3])]
     nodes.append(make_node("q", "k", "v", "window", "pad" if padded else None, out="o", causal=causal, sinks=sinks,
@@ -44,7 +70,12 @@ def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = Fal
         nodes += [helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
                   helper.make_node("Reshape", ["ot", "merge"], ["y"])]
     out_dims = ["b", "s", E] if merge else ["b", H, "s", D]
-    inits = [numpy_helper.from_array(a, k) for k, a in consts.items() if not (weights_as_inputs and k.startswith("w"))]
+    inits = [numpy_helper.from_array(a, k) for k, a in consts.items() if not ((weights_as_inputs or int8) and k.startswith("w"))]
+    if int8:
+        inits += [numpy_helper.from_array(a, k) for k, a in q8.items()]
+        inits += [numpy_helper.from_array(np.zeros(E, np.int8), f"w{n}_zero") for n in "qkv"]
+        inits += [numpy_helper.from_array(np.array(X_SCALE, np.float32), "x_scale"),
+                  numpy_helper.from_array(np.array(0, np.int8), "x_zero")]
     inits += [numpy_helper.from_array(np.array([0, 0, H, D], np.int64), "split"),
               numpy_helper.from_array(np.array([0, 0, E], np.int64), "merge")]
     graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_dims)],
@@ -54,8 +85,8 @@ def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = Fal
     return attach_function(model), consts
 
 
-def reference(feeds: dict, consts: dict, causal: int, sinks: int, merge: bool = True) -> np.ndarray:
-    x = feeds["x"].astype(np.float64)
+def reference(feeds: dict, consts: dict, causal: int, sinks: int, merge: bool = True, int8: bool = False) -> np.ndarray:
+    x = quantized(feeds["x"].astype(np.float64), X_SCALE) if int8 else feeds["x"].astype(np.float64)
     heads = [(x @ consts[f"w{n}"] + consts[f"b{n}"]).reshape(*x.shape[:2], H, D).transpose(0, 2, 1, 3) for n in "qkv"]
     pad = feeds["pad"].astype(bool) if "pad" in feeds else None
     o = windowed_attention_np(*heads, int(feeds["window"]), sinks=sinks, causal=bool(causal), key_padding_mask=pad)
@@ -73,7 +104,7 @@ def ops(model: onnx.ModelProto) -> list[str]:
 
 
 def worst_error(model: onnx.ModelProto, consts: dict, causal: int, sinks: int, merge: bool = True,
-                padded: bool = True, extra: dict | None = None) -> float:
+                padded: bool = True, extra: dict | None = None, int8: bool = False) -> float:
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(7)
     worst = 0.0
@@ -84,7 +115,7 @@ def worst_error(model: onnx.ModelProto, consts: dict, causal: int, sinks: int, m
             feeds["pad"][1] = 0  # a fully padded sequence: zeros, not NaN
         feeds.update(extra or {})
         got = sess.run(None, feeds)[0]
-        worst = max(worst, float(np.abs(got - reference(feeds, consts, causal, sinks, merge)).max()))
+        worst = max(worst, float(np.abs(got - reference(feeds, consts, causal, sinks, merge, int8)).max()))
     return worst
 
 
@@ -123,3 +154,23 @@ def test_inputs_that_are_not_head_splits_keep_plain_ops():
                       ((1, 0, 4, 2, 9, 9), "4 query heads share 2 kv heads: the fused kernels here take equal head counts")):
         _, result = lower(two_layers(*args))
         assert set(result.details["plain_ops"].values()) == {why}
+
+
+@pytest.mark.parametrize("causal,sinks", [(0, 0), (1, 1)])
+def test_int8_projections_become_one_qattention_op(causal, sinks):
+    model, consts = encoder_layer(causal, sinks, int8=True)
+    assert worst_error(model, consts, causal, sinks, int8=True) < 1e-5  # the Q/DQ source against the reference
+    fused, result = lower(model)
+    assert result.details["fused_kernels"] == 1
+    assert ops(fused).count("QAttention") == 1 and ops(fused).count("QuantizeLinear") == 1
+    assert not {"MatMul", "DequantizeLinear", "Softmax", "WindowedAttention"} & set(ops(fused))
+    assert worst_error(fused, consts, causal, sinks, int8=True) < 1e-4
+
+
+def test_int8_layer_without_a_padding_input():
+    """The op's function reads an all-true mask built from k's shape: QAttention gets it as its [B, S, S] mask,
+    and the mask no longer reads k (so the q/k/v Q/DQ MatMuls are gone)."""
+    model, consts = encoder_layer(int8=True, padded=False)
+    fused, result = lower(model)
+    assert ops(fused).count("QAttention") == 1 and not {"MatMul", "DequantizeLinear"} & set(ops(fused))
+    assert worst_error(fused, consts, 0, 0, padded=False, int8=True) < 1e-4

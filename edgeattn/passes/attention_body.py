@@ -74,7 +74,7 @@ def _why_not_lowered(node: ir.Node) -> str | None:
     return None
 
 
-def lower_dense(model: ir.Model, fuse_kernels: bool = True) -> tuple[int, dict[str, str], dict[str, str]]:
+def lower_dense(model: ir.Model) -> tuple[int, dict[str, str], dict[str, str]]:
     """Replace each WindowedAttention node by ONNX Runtime's fused attention kernel where its inputs are head
     splits of projections (passes/attention_ort_fused.py), else by plain ops (scores, shared additive mask,
     Softmax, weighted sum) with its attributes as constants, so ONNX Runtime fuses the scale into its MatMul.
@@ -124,15 +124,16 @@ def lower_dense(model: ir.Model, fuse_kernels: bool = True) -> tuple[int, dict[s
             bias = op("Where", ok, c("f0", np.array(0.0, np.float32)), c("fneg", np.array(-1e30, np.float32)))
             any_ok = op("ReduceMax", op("Cast", ok, to=ir.DataType.FLOAT), c("axesm1", np.array([-1], np.int64)),
                         keepdims=1)  # [(B,) 1, S_k, 1]
-            shared[key] = (bias, any_ok)
-        bias, any_ok = shared[key]
+            shared[key] = (ok, bias, any_ok)
+        ok, bias, any_ok = shared[key]
         if not (q.shape[2] == k.shape[2]):  # queries are the last S_q positions: take those mask rows
             sq_v = op("Shape", q, start=2, end=3)
             sk_v = op("Shape", k, start=2, end=3)
             rows = (op("Sub", sk_v, sq_v), sk_v, c("axesm2", np.array([-2], np.int64)))
-            bias, any_ok = op("Slice", bias, *rows), op("Slice", any_ok, *rows)
+            ok, bias, any_ok = op("Slice", ok, *rows), op("Slice", bias, *rows), op("Slice", any_ok, *rows)
         graph.insert_before(node, new)  # the mask, then ONNX Runtime's fused kernel or the plain ops
-        why = fused_attention.fuse(graph, node, bias, any_ok, scale, pad is not None) if fuse_kernels else "not asked"
+        mask = fused_attention.Mask(ok, bias, any_ok, padded=pad is not None)
+        why = fused_attention.fuse(graph, node, mask, scale)
         if why is None:
             lowered += 1
             continue

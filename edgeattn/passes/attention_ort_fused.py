@@ -15,9 +15,12 @@ as in the plain lowering. `fuse` returns None when it replaced the layer, or why
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
+from edgeattn.passes.qdq_cpu import int8_operands
 from edgeattn.passes.rewiring import constant, replace_value
 
 MS = "com.microsoft"
@@ -58,23 +61,53 @@ def _merge_target(node: ir.Node, h: int, d: int) -> ir.Value | str:
     return m
 
 
-def _projection(t: ir.Value) -> tuple[ir.Value, np.ndarray, np.ndarray] | None:
-    """(x, W, b) when t = Add(MatMul(x, W), b) with W [E_in, E] and b [E] float constants."""
+@dataclass(frozen=True)
+class Mask:
+    """The dense lowering's shared mask: `ok` (bool) and `bias` (0 / -1e30) [B, 1, S_q, S_k], `any_ok` ("row has
+    a key", 1 / 0) [B, 1, S_q, 1] when `padded`; without a padding input [S_q, S_k] and [S_q, 1]."""
+
+    ok: ir.Value
+    bias: ir.Value
+    any_ok: ir.Value
+    padded: bool
+
+
+@dataclass(frozen=True)
+class Projection:
+    """t = Add(MatMul(x, W), b): W a float constant, or int8 from a Q/DQ MatMul (then x_scale and w_scales)."""
+
+    x: ir.Value
+    w: np.ndarray  # [E_in, E]
+    b: np.ndarray  # [E]
+    x_scale: float | None = None
+    w_scales: np.ndarray | None = None  # [E]
+
+
+def _projection(t: ir.Value) -> Projection | None:
     add = t.producer()
     if add is None or add.op_type != "Add":
         return None
     for mm_in, b_in in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
         mm = mm_in.producer()
-        if mm is None or mm.op_type != "MatMul" or b_in.const_value is None or mm.inputs[1].const_value is None:
+        if mm is None or mm.op_type != "MatMul" or b_in.const_value is None:
             continue
-        w, b = mm.inputs[1].const_value.numpy(), b_in.const_value.numpy()
-        if w.dtype == np.float32 and w.ndim == 2 and b.shape == (w.shape[1],):
-            return mm.inputs[0], w, b
+        b = b_in.const_value.numpy()
+        if mm.inputs[1].const_value is not None:
+            w = mm.inputs[1].const_value.numpy()
+            if w.dtype == np.float32 and w.ndim == 2 and b.shape == (w.shape[1],):
+                return Projection(mm.inputs[0], w, b)
+            continue
+        operands = int8_operands(mm)
+        if not isinstance(operands, str) and b.dtype == np.float32 and b.shape == (operands[2].shape[1],):
+            x, sx, w, sw = operands
+            return Projection(x, w, b, float(sx.reshape(())), np.broadcast_to(sw.reshape(-1), b.shape).astype(np.float32))
     return None
 
 
-def match(node: ir.Node) -> tuple[str, list[ir.Value], ir.Value] | str:
-    """("attention", [x, W, b] sources..., merged) or ("mha", [t_q, t_k, t_v], merged), or why neither fits."""
+def match(node: ir.Node, padded: bool) -> tuple[str, list[ir.Value], ir.Value] | str:
+    """(kernel, the [B, S, E] q/k/v sources, the merged output) or why no kernel fits. The kernel is "Attention"
+    (float projections of one x: packed into its GEMM), "QAttention" (int8 Q/DQ projections of one x with one
+    scale, a padding mask), else "MultiHeadAttention" (any projections)."""
     q, k = node.inputs[0], node.inputs[1]
     h, hkv, d = q.shape[1], k.shape[1], q.shape[3]
     if h != hkv:
@@ -86,17 +119,19 @@ def match(node: ir.Node) -> tuple[str, list[ir.Value], ir.Value] | str:
     merged = _merge_target(node, h, d)
     if isinstance(merged, str):
         return merged
-    projections = [_projection(t) for t in sources]
-    if all(p is not None for p in projections) and len({id(p[0]) for p in projections}) == 1:
-        return "attention", sources, merged
-    return "mha", sources, merged
+    p = [_projection(t) for t in sources]
+    if all(x is not None for x in p) and len({id(x.x) for x in p}) == 1:
+        if all(x.x_scale is None for x in p):
+            return "Attention", sources, merged
+        if padded and len({x.x_scale for x in p}) == 1 and None not in {x.x_scale for x in p}:
+            return "QAttention", sources, merged
+    return "MultiHeadAttention", sources, merged
 
 
-def fuse(graph: ir.Graph, node: ir.Node, bias: ir.Value, any_ok: ir.Value, scale: float, padded: bool) -> str | None:
-    """Replace the layer with Attention (one packed q/k/v GEMM) or MultiHeadAttention; None, or why not.
-    `bias` is the shared additive mask and `any_ok` its "row has a key" factor: [B, 1, S_q, S_k] and
-    [B, 1, S_q, 1] when `padded`, else [S_q, S_k] and [S_q, 1]. The layer's nodes are left for dead-node removal."""
-    found = match(node)
+def fuse(graph: ir.Graph, node: ir.Node, mask: Mask, scale: float) -> str | None:
+    """Replace the layer with Attention / QAttention (q/k/v packed into one GEMM) or MultiHeadAttention;
+    None, or why not. The layer's old nodes are left for dead-node removal."""
+    found = match(node, mask.padded)
     if isinstance(found, str):
         return found
     kind, sources, merged = found
@@ -108,24 +143,35 @@ def fuse(graph: ir.Graph, node: ir.Node, bias: ir.Value, any_ok: ir.Value, scale
         ops.append(n)
         return n.outputs[0]
 
-    if not padded:  # no padding input: [S_q, S_k] -> [1, 1, S_q, S_k]
-        bias = op("Unsqueeze", bias, constant(graph, "edgeattn_fused_axes01", np.array([0, 1], np.int64)))
-    if kind == "attention":
-        (x, *_), weights = _projection(sources[0]), [_projection(t) for t in sources]
-        w = constant(graph, f"{node.name}/qkv_weight", np.concatenate([p[1] for p in weights], axis=1))
-        b = constant(graph, f"{node.name}/qkv_bias", np.concatenate([p[2] for p in weights]))
-        out = op("Attention", x, w, b, None, None, bias, domain=MS, num_heads=h, scale=scale)
+    def c(name, value):
+        return constant(graph, f"{node.name}/{name}" if name.startswith("qkv") else f"edgeattn_fused_{name}", value)
+
+    bias, any_ok = mask.bias, mask.any_ok
+    if not mask.padded:  # no padding input: [S_q, S_k] -> [1, 1, S_q, S_k]
+        bias = op("Unsqueeze", bias, c("axes01", np.array([0, 1], np.int64)))
+    p = [_projection(t) for t in sources] if kind != "MultiHeadAttention" else []
+    if p:
+        w = c("qkv_weight", np.concatenate([x.w for x in p], axis=1))
+        b = c("qkv_bias", np.concatenate([x.b for x in p]).astype(np.float32))
+    if kind == "Attention":
+        out = op("Attention", p[0].x, w, b, None, None, bias, domain=MS, num_heads=h, scale=scale)
+    elif kind == "QAttention":  # x quantized as uint8 with zero point 128: the int8 Q/DQ values, shifted
+        sx, zero = c(f"x_scale_{p[0].x_scale:.9g}", np.array(p[0].x_scale, np.float32)), c("u8_128", np.array(128, np.uint8))
+        xq = op("QuantizeLinear", p[0].x, sx, zero)
+        keys = op("Cast", op("Squeeze", mask.ok, c("axes1", np.array([1], np.int64))), to=ir.DataType.INT32)  # [B, S, S]
+        out = op("QAttention", xq, w, b, sx, c("qkv_weight_scales", np.concatenate([x.w_scales for x in p])), keys,
+                 zero, c("qkv_weight_zero_points", np.zeros(w.shape[1], np.int8)), domain=MS, num_heads=h,
+                 scale=scale, mask_filter_value=-1e30)
     else:
         out = op("MultiHeadAttention", *sources, None, None, bias, domain=MS, num_heads=h, scale=scale)
-    if padded:  # [B, 1, S_q, 1] -> [B, S_q, 1]
-        any_ok = op("Squeeze", any_ok, constant(graph, "edgeattn_fused_axes1", np.array([1], np.int64)))
+    if mask.padded:  # [B, 1, S_q, 1] -> [B, S_q, 1]
+        any_ok = op("Squeeze", any_ok, c("axes1", np.array([1], np.int64)))
     out = op("Mul", out, any_ok)  # rows with no key at all: zeros, as the plain lowering
     out.shape, out.dtype = merged.shape, merged.dtype
     graph.insert_before(merged.producer(), ops)
     replace_value(graph, merged, out)
-    base = x if kind == "attention" else None
     for head_split, t in zip(node.inputs[:3], sources):  # shape reads (the mask's S_k): from [B, S, .] inputs
-        _shape_from(graph, head_split, base or t, h, node.inputs[0].shape[3])
+        _shape_from(graph, head_split, p[0].x if p else t, h, node.inputs[0].shape[3])
     return None
 
 
@@ -154,4 +200,4 @@ def _shape_from(graph: ir.Graph, k: ir.Value, t: ir.Value, h: int, d: int) -> No
         replace_value(graph, shape.outputs[0], out)
 
 
-__all__ = ["fuse", "match"]
+__all__ = ["Mask", "Projection", "fuse", "match"]

@@ -56,6 +56,15 @@ def _why_not(matmul: ir.Node) -> str | None:
     return None
 
 
+def int8_operands(matmul: ir.Node) -> tuple[ir.Value, np.ndarray, np.ndarray, np.ndarray] | str:
+    """(x, its per-tensor scale, the int8 weight [K, N], its scales) of an int8 Q/DQ MatMul, or why it is not one."""
+    reason = _why_not(matmul)
+    if reason is not None:
+        return reason
+    dq_w, q = matmul.inputs[1].producer(), matmul.inputs[0].producer().inputs[0].producer()
+    return q.inputs[0], _const(q.inputs[1]), _const(dq_w.inputs[0]), _const(dq_w.inputs[1])
+
+
 def _bias_add(matmul: ir.Node, n_out: int) -> tuple[ir.Node, ir.Value] | None:
     """The Add that only adds a constant [N] float bias to the MatMul's output, and that bias."""
     uses = list(matmul.outputs[0].uses())
