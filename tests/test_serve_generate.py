@@ -406,6 +406,17 @@ def test_a_smaller_ring_than_the_bundles(tiny_decoder):
     assert doc["choices"][0]["text"] == ref.text and doc["usage"]["completion_tokens"] == len(ref.tokens)
 
 
+def test_a_larger_ring_than_the_bundles_is_refused(tiny_decoder):
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.errors import ConfigError
+
+    from decoder_fixtures import WINDOW_MAX
+
+    with pytest.raises(ConfigError, match=f"window_max: expected at most 'dec''s ring of {WINDOW_MAX} rows, "
+                                          f"found {WINDOW_MAX + 1}"):
+        _server([open_bundle(tiny_decoder[3])], ["dec"], window_max=WINDOW_MAX + 1)
+
+
 def test_window_max_setting_is_checked():
     from edgeattn.errors import ConfigError
     from edgeattn.runtime.server.settings import ServeSettings

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from edgeattn.bundle.folder import Bundle
-from edgeattn.errors import EdgeAttnError, RuntimeBackendError
+from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.generation.decoder_bundle import DecoderModel
 from edgeattn.runtime.generation.generator import fit_prompt
 from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
@@ -55,6 +55,10 @@ class DecoderRuntime:
     def __init__(self, bundle: Bundle, name: str, settings: ServeSettings, window: LiveWindow,
                  metrics: ServerMetrics) -> None:
         self.name, self.bundle, self.settings = name, bundle, settings
+        ring = int(bundle.manifest.sections["decoder"]["window_max"])
+        if settings.window_max > ring:
+            raise ConfigError(f"window_max: expected at most {name!r}'s ring of {ring} rows, found "
+                              f"{settings.window_max}")
         self.model = DecoderModel(bundle, window_max=settings.window_max or None, threads=settings.threads)
         self.live_window, self.metrics = window, metrics
         self.ready = False
