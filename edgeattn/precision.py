@@ -8,6 +8,9 @@ import onnx
 
 _COMPUTE = {"MatMul", "Gemm", "Conv", "MatMulInteger", "MatMulNBits", "QLinearMatMul", "ConvInteger",
             "DynamicQuantizeMatMul", "QGemm"}
+# ONNX Runtime's fused attention kernels (the cpu build's): the scores and the weighted sum are float GEMMs, and
+# Attention holds the float q/k/v projection too (QAttention's is integer, uncounted like MatMulIntegerToFloat)
+_ATTENTION_GEMMS = {"Attention": 5, "QAttention": 2, "MultiHeadAttention": 2}
 _INT_TYPES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8", onnx.TensorProto.INT4: "int4",
               onnx.TensorProto.UINT4: "int4", onnx.TensorProto.FLOAT8E4M3FN: "fp8"}
 
@@ -39,6 +42,9 @@ def summarize(model: onnx.ModelProto) -> dict:
     counts: Counter[str] = Counter()
     float_layers: list[str] = []
     for node in graph.node:
+        if node.domain == "com.microsoft" and node.op_type in _ATTENTION_GEMMS:
+            counts["float"] += _ATTENTION_GEMMS[node.op_type]
+            float_layers.append(node.name or node.op_type)
         if node.op_type not in _COMPUTE:
             continue
         if node.op_type in ("MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul", "QGemm", "ConvInteger"):
