@@ -327,7 +327,7 @@ def main() -> None:
         kernel_ms = lambda fn, rep=0: 1e3 * timed(fn)  # noqa: E731
         torch.cuda.synchronize = lambda: None
     result = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__}
+              "torch": torch.__version__, "loadavg": open("/proc/loadavg").read().strip()}
     parts = args.parts.split(",")
     kdtype = torch.float16 if device.type == "cpu" else torch.bfloat16  # the interpreter has no bf16 dot
     steps = {"kernels": lambda: kernel_checks(device, kdtype, args.smoke),
