@@ -58,6 +58,8 @@ class Signature:
 def guess_role(name: str, dtype: str) -> str:
     """Role of a model input, from its name, used to make sensible sample inputs."""
     lowered = name.lower()
+    if lowered == "logits_to_keep":
+        return "logits_to_keep"
     if "window" in lowered:
         return "window"
     if "mask" in lowered:

@@ -32,6 +32,8 @@ def make_inputs(specs: list[TensorSpec] | tuple[TensorSpec, ...], sizes: dict[st
         dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.dtype("float32")
         if spec.role == "window":
             feeds[spec.name] = np.full(shape, window, dtype=dtype)
+        elif spec.role == "logits_to_keep":  # 0: every position, as the model was exported
+            feeds[spec.name] = np.zeros(shape, dtype=dtype)
         elif spec.role == "mask":
             feeds[spec.name] = np.ones(shape, dtype=dtype)
         elif spec.role == "token_type":

@@ -50,10 +50,12 @@ def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
     assert passes["fuse-rotary-cpu"]["details"]["tables"] == 2  # positions t, sink positions min(t, sinks + W)
     assert passes["fuse-rmsnorm-cpu"]["details"]["with_residual"] == 2 * LAYERS  # all but the first norm
     assert passes["pack-matmuls-cpu"]["details"] == {"packed": 2 * LAYERS, "projections": 5 * LAYERS}  # QKV, gate/up
+    assert passes["logits-to-keep"]["details"]["added"]
     ops = collections.Counter(n.op_type for n in onnx.load(str(bundle_path / "model.ort.onnx")).graph.node)
     assert ops["SimplifiedLayerNormalization"] == 1 and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
     assert ops["MatMul"] + ops["FusedMatMul"] == 4 * LAYERS + 1 + 3 * LAYERS  # QKV, o, gate/up, down, LM head; attention
-    assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Neg"] == 0 and ops["Pow"] == 0
+    assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Pow"] == 0
+    assert ops["Neg"] == 1  # logits_to_keep's start; no rotate_half negation is left
     assert sum(ops.values()) < 60 * LAYERS + 80  # ~70 shared (geometry, tables); the op body alone was 136 a layer
 
 
@@ -64,8 +66,25 @@ def test_the_built_decoder_matches_the_export(tiny_decoder, batch, seq, position
     _, _, onnx_path, bundle_path = tiny_decoder
     want_sess, got_sess = _session(str(onnx_path)), _session(str(bundle_path / "model.ort.onnx"))
     feeds = _feeds(want_sess, batch=batch, seq=seq, positions=positions, window=window)
-    for want, got in zip(want_sess.run(None, feeds), got_sess.run(None, feeds)):
+    wants = want_sess.run(None, feeds)
+    for want, got in zip(wants, got_sess.run(None, {**feeds, "logits_to_keep": np.array(0, np.int64)})):
         np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+    last = got_sess.run(["logits"], {**feeds, "logits_to_keep": np.array(1, np.int64)})[0]
+    assert last.shape == (batch, 1, wants[0].shape[2])  # the LM head ran for the last position only
+    np.testing.assert_allclose(last, wants[0][:, -1:], atol=2e-4, rtol=1e-4)
+
+
+def test_the_runtime_asks_for_the_last_position_only(tiny_decoder):
+    from edgeattn.runtime.generation.generator import Generator
+
+    _, _, _, bundle_path = tiny_decoder
+    ids = np.array([list(range(300, 311))])
+    with Generator.open(bundle_path) as gen:
+        a, b = gen.model.new_cache(1), gen.model.new_cache(1)
+        full, last = gen.model.step(a, [0], ids, 0), gen.model.step(b, [0], ids, 0, last_only=True)
+        assert full.shape[1] == 11 and last.shape[1] == 1
+        np.testing.assert_allclose(last[:, 0], full[:, -1], atol=1e-5)
+        np.testing.assert_array_equal(a.keys[0], b.keys[0])  # the cache is written the same way
 
 
 def test_rotary_pass_says_why_a_near_miss_is_left(tiny_decoder):
@@ -112,5 +131,5 @@ def test_int4_projections_are_packed_and_match_the_int4_export(tiny_decoder, tmp
     assert ops["MatMulNBits"] == 4 * LAYERS + 1  # QKV, o, gate/up, down; the LM head
     want_sess, got_sess = _session(str(int4)), _session(str(bundle.path / "model.ort.onnx"))
     feeds = _feeds(want_sess, batch=2, seq=3, positions=[5, 90], window=6)
-    for want, got in zip(want_sess.run(None, feeds), got_sess.run(None, feeds)):
+    for want, got in zip(want_sess.run(None, feeds), got_sess.run(None, {**feeds, "logits_to_keep": np.array(0)})):
         np.testing.assert_allclose(got, want, atol=2e-3, rtol=1e-3)  # int8 activations: rounding may differ

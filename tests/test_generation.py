@@ -72,7 +72,7 @@ class _ChunkRecorder:
     def check_window(self, window: int) -> int:
         return window
 
-    def step(self, cache, streams, ids, window):
+    def step(self, cache, streams, ids, window, last_only=False):
         self.calls.append((int(cache.positions[streams[0]]), ids.shape[1], window))
         cache.positions[streams[0]] += ids.shape[1]
         return np.zeros((1, ids.shape[1], 3), np.float32)

@@ -62,7 +62,13 @@ def fusion_summary(passes: list[dict]) -> str:
     parts = []
     if (att := by_name.get("fuse-attention")) is not None:
         total = att.get("windowed_total", 0) + len(att.get("unfused", []))
-        parts.append(f"attention {att.get('windowed_total', 0)}/{total} blocks fused" if total else "no attention")
+        if total or not by_name.get("lower-cached-cpu", {}).get("lowered"):
+            parts.append(f"attention {att.get('windowed_total', 0)}/{total} blocks fused" if total else "no attention")
+    if lowered := by_name.get("lower-cached-cpu", {}).get("lowered"):
+        parts.append(f"cached attention {lowered} layers lowered for ONNX Runtime")
+    for name, what in (("fuse-rmsnorm-cpu", "RMSNorm"), ("fuse-rotary-cpu", "RoPE")):
+        if fused := by_name.get(name, {}).get("fused"):
+            parts.append(f"{what} {fused} fused")
     if (gelu := by_name.get("fuse-gelu-cpu")) and "fused" in gelu:
         done = gelu["fused"] + gelu.get("native", 0)
         if total_gelu := done + gelu.get("unfused", 0):

@@ -11,6 +11,7 @@ DECODER_KEY = "edgeattn.decoder"  # JSON: the cache geometry, special tokens, ch
 TOKENIZER_KEY = "edgeattn.tokenizer"  # tokenizer.json (the `tokenizers` format)
 WINDOW_INPUT = "attention_window"
 POSITION_INPUT = "cache_position"
+LOGITS_TO_KEEP = "logits_to_keep"  # added by the cpu build (edgeattn.passes.logits_to_keep): 1 = last position only
 GENERATION_FILE = "generation.json"  # in a bundle: DECODER_KEY's JSON
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -15,6 +15,7 @@ PASSES: dict[str, str] = {
     "lower-cached-cpu": "edgeattn.passes.cached_attention_cpu:LowerCachedAttentionForCpu",  # one ring geometry a step
     "fuse-rmsnorm-cpu": "edgeattn.passes.rmsnorm_cpu:FuseRmsNormForCpu",
     "fuse-rotary-cpu": "edgeattn.passes.rotary_cpu:FuseRotaryForCpu",
+    "logits-to-keep": "edgeattn.passes.logits_to_keep:LogitsToKeep",  # decoders: the LM head for the last positions
     "pack-matmuls-cpu": "edgeattn.passes.pack_matmuls_cpu:PackMatMulsForCpu",  # Q/K/V, gate/up: one product each
     "cleanup": "edgeattn.passes.cleanup:Cleanup",
     "check-sparsity": "edgeattn.passes.check_sparsity:CheckSparsity",  # before lower-qdq-cpu rewrites the MatMuls

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from edgeattn.attention.ring import RingLayout
-from edgeattn.decoder.metadata import GENERATION_FILE, TOKENIZER_FILE, past_names, present_names
+from edgeattn.decoder.metadata import GENERATION_FILE, LOGITS_TO_KEEP, TOKENIZER_FILE, past_names, present_names
 from edgeattn.errors import BundleError, ConfigError, InputError
 from edgeattn.runtime.generation.cache import KVCache
 from edgeattn.runtime.generation.text import TextCodec
@@ -37,6 +37,7 @@ class DecoderModel:
         self.layers = int(info["layers"])
         self._past, self._present = past_names(self.layers), present_names(self.layers)
         self.backend = None
+        self._keeps_logits = False
 
     def activate(self) -> "DecoderModel":
         from edgeattn.runtime.backends import open_backend
@@ -44,6 +45,7 @@ class DecoderModel:
         if self.backend is None:
             self.backend = open_backend(self.bundle, threads=self.threads)
             self.backend.activate()
+            self._keeps_logits = LOGITS_TO_KEEP in self.backend.input_names
         return self
 
     def deactivate(self) -> None:
@@ -71,8 +73,12 @@ class DecoderModel:
                               f"sinks {self.layout.sinks}, found {len(cache.keys)} layers of "
                               f"{list(found) if found else 'nothing'} ({cache.layout})")
 
-    def step(self, cache: KVCache, streams: list[int], ids: np.ndarray, window: int) -> np.ndarray:
-        """ids: [len(streams), S] -> logits [len(streams), S, V]; the streams advance by S tokens."""
+    def step(self, cache: KVCache, streams: list[int], ids: np.ndarray, window: int, *,
+             last_only: bool = False) -> np.ndarray:
+        """ids: [len(streams), S] -> logits [len(streams), S, V]; the streams advance by S tokens.
+
+        `last_only`: logits of the chunk's last position only, [len(streams), 1, V]; a bundle built with the
+        `logits-to-keep` input then runs its LM head for that position alone."""
         if self.backend is None:
             raise BundleError("decoder is not active: call activate() first")
         ids = np.asarray(ids, dtype=np.int64)
@@ -87,6 +93,9 @@ class DecoderModel:
         feeds = {"input_ids": ids, "cache_position": cache.positions[index].copy(),
                  "attention_window": np.array(self.check_window(window), dtype=np.int64)}
         feeds.update(zip(self._past, cache.past(index)))
+        if self._keeps_logits:
+            feeds[LOGITS_TO_KEEP] = np.array(1 if last_only else 0, dtype=np.int64)
         outs = self.backend.infer(feeds)
         cache.write([outs[n] for n in self._present], list(streams))
-        return outs["logits"]
+        logits = outs["logits"]
+        return logits[:, -1:] if last_only else logits

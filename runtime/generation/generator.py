@@ -124,7 +124,7 @@ class Generator:
             # t = sinks + W, where the sink rows' second rotation begins (docs/windowed-attention.md)
             size = chunk if position >= layout.sinks else min(chunk, layout.sinks + layout.live_window(w) - position)
             piece = np.asarray(ids[done:done + size], dtype=np.int64)[None]
-            logits = self.model.step(cache, [stream], piece, w)[0, -1]
+            logits = self.model.step(cache, [stream], piece, w, last_only=True)[0, -1]
             done += piece.shape[1]
         return logits
 
@@ -173,7 +173,7 @@ class Generator:
                 yield Chunk(piece, token, w)
             if len(res.tokens) == config.max_tokens:
                 break
-            logits = model.step(cache, [0], np.array([[token]], dtype=np.int64), w)[0, -1]
+            logits = model.step(cache, [0], np.array([[token]], dtype=np.int64), w, last_only=True)[0, -1]
         else:
             pass
         if res.finish_reason != "stop":

@@ -76,8 +76,9 @@ class TorchDecoderModel:
             raise ConfigError(f"window: expected 0 (the whole ring) to {self.layout.window_max}, found {int(window)}")
         return int(window)
 
-    def step(self, cache: TorchKVCache, streams: list[int], ids, window: int) -> np.ndarray:
-        """ids: [len(streams), S] -> logits [len(streams), S, V] (float32, host); the streams advance by S."""
+    def step(self, cache: TorchKVCache, streams: list[int], ids, window: int, *, last_only: bool = False) -> np.ndarray:
+        """ids: [len(streams), S] -> logits [len(streams), S, V] (float32, host; [.., 1, V] with `last_only`);
+        the streams advance by S."""
         torch = self.torch
         ids = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
         if ids.dim() != 2 or ids.shape[0] != len(streams):
@@ -89,7 +90,7 @@ class TorchDecoderModel:
         else:
             logits = self._prefill(cache, rows, ids, window)
         cache.positions[rows] += ids.shape[1]
-        return logits.float().cpu().numpy()
+        return (logits[:, -1:] if last_only else logits).float().cpu().numpy()
 
     def _prefill(self, cache, rows, ids, window):
         from edgeattn.attention.cached_torch import write_ring_
