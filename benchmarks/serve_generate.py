@@ -9,11 +9,19 @@ Starts `edgeattn serve BUNDLE` as a child process and drives it with an asyncio 
    may be lost.
 2. batching: a server with 16 slots; one request at a time, then 16 concurrent streams (rounds alternate, so
    a shared machine's changing load falls on both alike): total generated tokens/s and the inter-token
-   latency at the client (time between two chunks of one stream), p50/p99.
+   latency at the client (time between two chunks of one stream), p50/p99. Around every round it reads the
+   server's step profile (/v2/models/dec/stats): ms per scheduler iteration by phase (model calls, sampling,
+   detokenizing, slot moves, handing events to the event loop), the iterations' p50/p99, how many carried a
+   prefill chunk; and the CPU seconds of the server, of its event-loop thread and of this client, and the load
+   average (all in `--json`).
+3. steps: in this process, no server: the model call of a decode step at 1..16 rows and of a one-row prefill
+   chunk of 1..64 tokens (the curve the server's prefill-chunk default is read from).
 
     python benchmarks/serve_generate.py                      # the tiny random decoder (quick)
     python benchmarks/serve_generate.py --requests 1000      # quicker
     python benchmarks/serve_generate.py --bundle smollm2.edgeattn --requests 2000 --batch-tokens 48
+    python benchmarks/serve_generate.py --bundle smollm2.edgeattn --skip correctness --rounds 2 --batch-tokens 32 \
+        --batch-requests 2 --window-max 512 [--prefill-in-step 32] --json out.json
 
 Only 127.0.0.1 is contacted. Every loop is bounded (requests, tokens, start-up timeout).
 """

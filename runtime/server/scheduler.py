@@ -291,11 +291,12 @@ class SlotScheduler:
     def _accept(self, job: Job, token: int, window: int) -> None:
         now = time.perf_counter()
         try:
-            self._take(job, token, window, now)
+            self._record_token(job, token, window, now)
         finally:
             self.profile.add("accept", time.perf_counter() - now)
 
-    def _take(self, job: Job, token: int, window: int, now: float) -> None:
+    def _record_token(self, job: Job, token: int, window: int, now: float) -> None:
+        """Metrics, end of text, detokenizing and stop strings for one sampled token; queues its event."""
         if self.metrics is not None:
             if job.tokens or job.last_token_at:
                 self.metrics.itl.labels(self.model_name).observe(now - job.last_token_at)
