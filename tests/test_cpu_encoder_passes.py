@@ -82,7 +82,11 @@ def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = Fal
                               inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
-    return attach_function(model), consts
+    attach_function(model)
+    if not padded:  # the node as four inputs (attach_function gave it an all-true mask from k's shape)
+        node = next(n for n in model.graph.node if n.op_type == "WindowedAttention")
+        del node.input[4]
+    return model, consts
 
 
 def reference(feeds: dict, consts: dict, causal: int, sinks: int, merge: bool = True, int8: bool = False) -> np.ndarray:
@@ -167,10 +171,11 @@ def test_int8_projections_become_one_qattention_op(causal, sinks):
     assert worst_error(fused, consts, causal, sinks, int8=True) < 1e-4
 
 
-def test_int8_layer_without_a_padding_input():
-    """The op's function reads an all-true mask built from k's shape: QAttention gets it as its [B, S, S] mask,
-    and the mask no longer reads k (so the q/k/v Q/DQ MatMuls are gone)."""
+def test_int8_layer_without_a_padding_input_uses_multi_head_attention():
+    """QAttention's mask input is [B, S, S]: a node without a padding mask gets the [1, 1, S, S] bias through
+    MultiHeadAttention; the mask reads S from the kernel's input, not from k's head split."""
     model, consts = encoder_layer(int8=True, padded=False)
     fused, result = lower(model)
-    assert ops(fused).count("QAttention") == 1 and not {"MatMul", "DequantizeLinear"} & set(ops(fused))
+    assert ops(fused).count("MultiHeadAttention") == 1 and "QAttention" not in ops(fused)
+    assert "Transpose" not in ops(fused)
     assert worst_error(fused, consts, 0, 0, padded=False, int8=True) < 1e-4

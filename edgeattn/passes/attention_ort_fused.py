@@ -1,16 +1,17 @@
 """WindowedAttention -> ONNX Runtime's fused attention kernels, for the cpu target's dense lowering.
 
-A layer whose q, k and v are head splits of [B, S, H*D] projections and whose output is merged back to
-[B, S, H*D] runs as one com.microsoft node instead of ~12 plain ops:
+A layer whose q, k and v are head splits (Transpose 0 2 1 3 of a Reshape) of [B, S, H*D] projections and
+whose output is merged back to [B, S, H*D] runs as one com.microsoft node instead of about twelve plain ops:
 
-    Transpose(Reshape(Add(MatMul(x, Wq), bq)))  (and k, v from the same x)   -> Attention(x, [Wq Wk Wv], [bq bk bv],
-    WindowedAttention(q, k, v, window, pad) -> Transpose -> Reshape             attention_bias = the shared mask)
-    Transpose(Reshape(t_q)), (t_k), (t_v) of any projections (int8 ones too)  -> MultiHeadAttention(t_q, t_k, t_v,
-                                                                                 attention_bias = the shared mask)
+    q, k, v = Add(MatMul(x, W?), b?), one float x            -> Attention(x, [Wq Wk Wv], [bq bk bv], mask)
+    q, k, v = Add(MatMul(DQ(Q(x, s)), DQ(W?_int8)), b?)      -> QAttention(Q(x, s, 128 as uint8), [W?_int8],
+              (a QAT export: one activation quantizer)            [b?], s, per-column weight scales, mask)
+    any other projections                                     -> MultiHeadAttention(t_q, t_k, t_v, attention_bias)
 
-The window stays a run-time input: the additive mask the dense lowering builds once per model ([B, 1, S, S],
-from window, padding, causality and sinks) is the kernels' attention_bias, and rows with no key are zeroed
-as in the plain lowering. `fuse` returns None when it replaced the layer, or why the layer keeps the plain ops.
+so q, k and v become one GEMM (float, or ONNX Runtime's u8s8 integer GEMM) inside the kernel. The window stays
+a run-time input: the mask the dense lowering builds once per model from window, padding, causality and sinks
+is the kernels' [B, S, S] mask (1 = attend) or additive attention_bias, and rows with no key are zeroed as in
+the plain lowering. `fuse` returns None when it replaced the layer, or why the layer keeps the plain ops.
 """
 
 from __future__ import annotations
@@ -153,12 +154,14 @@ def fuse(graph: ir.Graph, node: ir.Node, mask: Mask, scale: float) -> str | None
     if p:
         w = c("qkv_weight", np.concatenate([x.w for x in p], axis=1))
         b = c("qkv_bias", np.concatenate([x.b for x in p]).astype(np.float32))
+    if kind != "MultiHeadAttention" and mask.padded:  # their mask input [B, S, S], 1 = attend: a little faster than a bias
+        keys = op("Cast", op("Squeeze", mask.ok, c("axes1", np.array([1], np.int64))), to=ir.DataType.INT32)
     if kind == "Attention":
-        out = op("Attention", p[0].x, w, b, None, None, bias, domain=MS, num_heads=h, scale=scale)
+        inputs = [keys] if mask.padded else [None, None, bias]
+        out = op("Attention", p[0].x, w, b, *inputs, domain=MS, num_heads=h, scale=scale, mask_filter_value=-1e30)
     elif kind == "QAttention":  # x quantized as uint8 with zero point 128: the int8 Q/DQ values, shifted
         sx, zero = c(f"x_scale_{p[0].x_scale:.9g}", np.array(p[0].x_scale, np.float32)), c("u8_128", np.array(128, np.uint8))
         xq = op("QuantizeLinear", p[0].x, sx, zero)
-        keys = op("Cast", op("Squeeze", mask.ok, c("axes1", np.array([1], np.int64))), to=ir.DataType.INT32)  # [B, S, S]
         out = op("QAttention", xq, w, b, sx, c("qkv_weight_scales", np.concatenate([x.w_scales for x in p])), keys,
                  zero, c("qkv_weight_zero_points", np.zeros(w.shape[1], np.int8)), domain=MS, num_heads=h,
                  scale=scale, mask_filter_value=-1e30)
