@@ -147,10 +147,11 @@ def parity(args) -> dict:
         with Generator.open(BUNDLES[precision], window_max=len(ids) + n, threads=THREADS) as gen:
             dec = gen.model
             cache = dec.new_cache(1)
-            logits = [dec.step(cache, [0], np.array([ids]), 0)[0, -1]]  # window 0: the whole ring (>= the context)
+            # window 0: the whole ring (>= the context); the logits of the last position, as generation asks
+            logits = [dec.step(cache, [0], np.array([ids]), 0, last_only=True)[0, -1]]
             tokens = [int(np.argmax(logits[-1]))]
             while len(tokens) < n:
-                logits.append(dec.step(cache, [0], np.array([[tokens[-1]]]), 0)[0, -1])
+                logits.append(dec.step(cache, [0], np.array([[tokens[-1]]]), 0, last_only=True)[0, -1])
                 tokens.append(int(np.argmax(logits[-1])))
         got = np.stack(logits)
         same = next((i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), n)
@@ -189,10 +190,11 @@ def run_ours(precision: str, ids: list[int], n: int, window: int) -> dict:
         cache = dec.new_cache(1)
         t0 = time.perf_counter()
         for a in range(0, len(ids), 256):
-            logits = dec.step(cache, [0], np.array([ids[a:a + 256]]), window)[0, -1]
+            logits = dec.step(cache, [0], np.array([ids[a:a + 256]]), window, last_only=True)[0, -1]
         prefill = time.perf_counter() - t0
         times, tokens = time_decode(
-            lambda t: int(np.argmax(dec.step(cache, [0], np.array([[t]]), window)[0, -1])), int(np.argmax(logits)), n)
+            lambda t: int(np.argmax(dec.step(cache, [0], np.array([[t]]), window, last_only=True)[0, -1])),
+            int(np.argmax(logits)), n)
     return {"prefill_s": prefill, "decode_times": times, "tokens": tokens}
 
 
