@@ -249,7 +249,7 @@ class SlotScheduler:
         """One chunk of the job being prefilled: (its tokens, the model call's seconds)."""
         piece = job.prompt[job.prefilled:job.prefilled + self.prefill_chunk]
         before = time.perf_counter()
-        logits = self.model.step(self.cache, [job.slot], np.asarray([piece], dtype=np.int64), window)
+        logits = self.model.step(self.cache, [job.slot], np.asarray([piece], dtype=np.int64), window, last_only=True)
         seconds = time.perf_counter() - before
         self.profile.add("prefill_model", seconds)
         job.prefilled += len(piece)
@@ -271,7 +271,7 @@ class SlotScheduler:
         ids = np.asarray([[j.prompt[j.prefilled] if j.prefilled < len(j.prompt) else j.tokens[-1]] for j in jobs],
                          dtype=np.int64)
         before = time.perf_counter()
-        logits = self.model.step(self.cache, list(range(len(jobs))), ids, window)
+        logits = self.model.step(self.cache, list(range(len(jobs))), ids, window, last_only=True)
         seconds = time.perf_counter() - before
         self.profile.add("decode_model", seconds)
         if self.metrics is not None:
