@@ -19,6 +19,12 @@ pytestmark = requires_torch
 SEQ = (1, 16, 64)
 
 
+def _infer(backend, feeds: dict) -> dict:
+    """`logits_to_keep` = 0 (every position) where the cpu build gives decoders that input."""
+    extra = {"logits_to_keep": np.array(0, np.int64)} if "logits_to_keep" in backend.input_names else {}
+    return backend.infer({**feeds, **extra})
+
+
 def _passes(bundle) -> dict:
     return {p["name"]: p["details"] for p in bundle.manifest.sections["passes"]}
 
@@ -82,12 +88,12 @@ def test_cached_step_at_a_window_matches_the_full_sequence(llama, new):
     for window in (0, 3):
         w = np.array(window, np.int64)
         with OnnxRuntimeBackend(plain_bundle.path / "model.onnx") as full:
-            whole = full.infer({"input_ids": ids, "attention_mask": np.ones_like(ids), "attention_window": w})["logits"]
+            whole = _infer(full, {"input_ids": ids, "attention_mask": np.ones_like(ids), "attention_window": w})["logits"]
         with OnnxRuntimeBackend(past_bundle.path / "model.onnx") as step:
-            first = step.infer({"input_ids": ids[:, :p], "attention_mask": np.ones_like(ids[:, :p]),
+            first = _infer(step, {"input_ids": ids[:, :p], "attention_mask": np.ones_like(ids[:, :p]),
                                 "position_ids": np.arange(p)[None], "attention_window": w, **empty})
             cache = {past: first[present] for past, present in zip(past_names, present_names)}
-            got = step.infer({"input_ids": ids[:, p:], "attention_mask": np.ones_like(ids), "attention_window": w,
+            got = _infer(step, {"input_ids": ids[:, p:], "attention_mask": np.ones_like(ids), "attention_window": w,
                               "position_ids": np.arange(p, p + new)[None], **cache})["logits"]
         np.testing.assert_allclose(first["logits"], whole[:, :p], atol=1e-4)
         np.testing.assert_allclose(got, whole[:, p:], atol=1e-4)
