@@ -5,10 +5,13 @@ reads and the masks of the sink, window and chunk keys: ~90 of its 136 nodes, id
 recomputed 30 times in SmolLM2, because each copy reads the shapes of its own cache input. On a CPU, where
 a decode step is a few thousand small nodes, that overhead is most of a step at short contexts.
 
-This pass replaces each node by ~20 data nodes (two Gathers of window rows, two sink Slices, two score
-MatMuls, one Softmax, one weighted sum) reading one shared geometry: the gather index `[B, H_kv, N]` and one
-additive bias `[B, 1, G*S, L]` (L = sink rows + window rows + the chunk's keys), built once per step from
-`cache_position`, `attention_window` and the shapes. The result is the body's, op for op the same rule
+This pass replaces each node by ~20 data nodes reading one shared geometry (the gather indices of the
+window rows and of the sink + window rows, and one additive bias `[B, 1, G*S, L]`, L = sink rows + window
+rows + the chunk's keys), built once per step from `cache_position`, `attention_window` and the shapes:
+one Gather of the window keys and a Slice of the sink keys, three score products (sinks with the second
+query rotation, window, chunk) concatenated, one Softmax, and the weighted sum as two products (the sink +
+window values from one Gather, the chunk's own values). No cache rows are copied but by the Gathers: the
+keys and values are never concatenated with the chunk's, only the scores are (W times smaller at a step). The result is the body's, op for op the same rule
 (tests/test_cached_attention_cpu.py checks it against the float64 oracle and the body).
 
 Nodes share one geometry when they read the same position and window inputs, have the same sinks, head
@@ -92,31 +95,33 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
         ns = max(sinks, 1)  # at least one sink row is read (masked when there are no sinks)
         new: list[ir.Node] = []
 
-        def op(op_type, *inputs, **attrs):
-            n = ir.node(op_type, list(inputs), attributes=attrs, name=f"{node.name}/{op_type}{len(new)}")
+        def op(op_type, *inputs, outputs: int = 1, **attrs):
+            n = ir.node(op_type, list(inputs), attributes=attrs, num_outputs=outputs,
+                        name=f"{node.name}/{op_type}{len(new)}")
             new.append(n)
-            return n.outputs[0]
+            return n.outputs[0] if outputs == 1 else tuple(n.outputs)
 
         c = lambda name, value: constant(graph, f"edgeattn_cached_{name}", value)  # noqa: E731
         i64 = lambda x: np.array(x, np.int64)  # noqa: E731
         key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
         if key not in shared:
             shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)
-        rows, bias = shared[key]
+        rows, rows_sv, split_sv, bias = shared[key]
         flat = c(f"flat_{d}", i64([-1, d]))
         qg = op("Mul", op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))), c(f"scale_{scale:.9g}",
                                                                                        np.array(scale, np.float32)))
         qsg = op("Mul", op("Reshape", q_sink, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))),
                  c(f"scale_{scale:.9g}", np.array(scale, np.float32)))  # [B, H_kv, G*S, D]
+        # keys: three score products concatenated (small), never the keys themselves (W rows a layer)
         kw = op("Gather", op("Reshape", pk, flat), rows, axis=0)  # [B, H_kv, N, D]
-        vw = op("Gather", op("Reshape", pv, flat), rows, axis=0)
-        sink_rows = (c("i0_1", i64([0])), c(f"ns_{ns}", i64([ns])), c("axis2", i64([2])))
-        ks, vs = op("Slice", pk, *sink_rows), op("Slice", pv, *sink_rows)  # [B, H_kv, NS, D]
-        k_wn = op("Concat", kw, k, axis=2)  # [B, H_kv, N + S, D]
-        s_s = op("MatMul", qsg, op("Transpose", ks, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, NS]
-        s_wn = op("MatMul", qg, op("Transpose", k_wn, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, N + S]
-        probs = op("Softmax", op("Add", op("Concat", s_s, s_wn, axis=-1), bias), axis=-1)  # [B, H_kv, G*S, L]
-        out = op("MatMul", probs, op("Concat", vs, vw, v, axis=2))  # [B, H_kv, G*S, D]
+        ks = op("Slice", pk, c("i0_1", i64([0])), c(f"ns_{ns}", i64([ns])), c("axis2", i64([2])))  # [B, H_kv, NS, D]
+        scores = [op("MatMul", query, op("Transpose", key, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, NS | N | S]
+                  for query, key in ((qsg, ks), (qg, kw), (qg, k))]
+        probs = op("Softmax", op("Add", op("Concat", *scores, axis=-1), bias), axis=-1)  # [B, H_kv, G*S, L]
+        # values: the sink and window rows in one Gather, the chunk's own values apart (no copy of the cache rows)
+        vsw = op("Gather", op("Reshape", pv, flat), rows_sv, axis=0)  # [B, H_kv, NS + N, D]
+        p_sw, p_n = op("Split", probs, split_sv, axis=-1, outputs=2)  # [.., NS + N], [.., S]
+        out = op("Add", op("MatMul", p_sw, vsw), op("MatMul", p_n, v))  # [B, H_kv, G*S, D]
         out = op("Reshape", out, c(f"heads_{h}_{d}", i64([0, h, -1, d])))  # [B, H, S, D]
         graph.insert_before(node, new)
         out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
@@ -127,8 +132,9 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
 
 
 def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: int, ns: int):
-    """(rows [B, H_kv, N] into the cache seen as [B*H_kv*C, D], bias [B, 1, G*S, L]): the body's rule
-    (cached_function._build_cached), once. L = NS + N + S."""
+    """The body's rule (cached_function._build_cached), once: rows [B, H_kv, N] of the window keys in the
+    cache seen as [B*H_kv*C, D], rows_sv [B, H_kv, NS + N] of the sink and window values, the split sizes
+    [NS + N, S] of the probabilities, and the additive bias [B, 1, G*S, L], L = NS + N + S."""
     i0, i1 = c("i0", i64(0)), c("i1", i64(1))
     sinks_c = c(f"sinks_{sinks}", i64(sinks))
     axes0, axes1 = c("axes0", i64([0])), c("axes1", i64([1]))
@@ -149,7 +155,10 @@ def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: i
     valid_w = op("And", op("GreaterOrEqual", kpos_w, sinks_c), op("GreaterOrEqual", kpos_w, i0))  # [B, N]
     bh = op("Reshape", op("Range", i0, op("Mul", bsz, c(f"hkv_{hkv}", i64(hkv))), i1),
             op("Concat", op("Unsqueeze", bsz, axes0), c(f"hkv_1_{hkv}", i64([hkv, 1])), axis=0))  # [B, H_kv, 1]
-    rows = op("Add", op("Mul", bh, cap), op("Unsqueeze", slot_w, axes1))  # [B, H_kv, N]
+    base = op("Mul", bh, cap)  # [B, H_kv, 1]: row 0 of each (stream, kv head) in the flat cache
+    rows = op("Add", base, op("Unsqueeze", slot_w, axes1))  # [B, H_kv, N]
+    rows_sv = op("Concat", op("Add", base, c(f"sink_rows_{ns}", i64(np.arange(ns)))), rows, axis=-1)  # [B, H_kv, NS + N]
+    split_sv = op("Concat", op("Unsqueeze", op("Add", n, c(f"ns_scalar_{ns}", i64(ns))), axes0), sq_1d, axis=0)  # [2]
     kpos_s = c(f"sink_pos_{ns}", i64(np.arange(ns)[None]))  # [1, NS]
     ok_s = op("Unsqueeze", op("And", op("Less", kpos_s, sinks_c), op("Less", kpos_s, pos)), axes1)  # [B, 1, NS]
     ok_s = op("Expand", ok_s, op("Concat", c("one_1", i64([1])), sq_1d, c("one_1", i64([1])), axis=0))  # [B, S, NS]
@@ -165,4 +174,4 @@ def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: i
     bias = op("Unsqueeze", bias, axes1)  # [B, 1, S, L]
     if g > 1:  # query row g*S + i of a KV head reads as row i: [B, 1, G*S, L]
         bias = op("Tile", bias, c(f"tile_{g}", i64([1, 1, g, 1])))
-    return rows, bias
+    return rows, rows_sv, split_sv, bias
