@@ -70,7 +70,8 @@ def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = Fal
         nodes += [helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
                   helper.make_node("Reshape", ["ot", "merge"], ["y"])]
     out_dims = ["b", "s", E] if merge else ["b", H, "s", D]
-    inits = [numpy_helper.from_array(a, k) for k, a in consts.items() if not ((weights_as_inputs or int8) and k.startswith("w"))]
+    float_weights = not (weights_as_inputs or int8)
+    inits = [numpy_helper.from_array(a, k) for k, a in consts.items() if float_weights or not k.startswith("w")]
     if int8:
         inits += [numpy_helper.from_array(a, k) for k, a in q8.items()]
         inits += [numpy_helper.from_array(np.zeros(E, np.int8), f"w{n}_zero") for n in "qkv"]
@@ -78,8 +79,8 @@ def encoder_layer(causal: int = 0, sinks: int = 0, weights_as_inputs: bool = Fal
                   numpy_helper.from_array(np.array(0, np.int8), "x_zero")]
     inits += [numpy_helper.from_array(np.array([0, 0, H, D], np.int64), "split"),
               numpy_helper.from_array(np.array([0, 0, E], np.int64), "merge")]
-    graph = helper.make_graph(nodes, "layer", inputs, [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_dims)],
-                              inits)
+    output = helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_dims)
+    graph = helper.make_graph(nodes, "layer", inputs, [output], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     attach_function(model)

@@ -154,13 +154,14 @@ def fuse(graph: ir.Graph, node: ir.Node, mask: Mask, scale: float) -> str | None
     if p:
         w = c("qkv_weight", np.concatenate([x.w for x in p], axis=1))
         b = c("qkv_bias", np.concatenate([x.b for x in p]).astype(np.float32))
-    if kind != "MultiHeadAttention" and mask.padded:  # their mask input [B, S, S], 1 = attend: a little faster than a bias
+    if kind != "MultiHeadAttention" and mask.padded:  # their mask input [B, S, S], 1 = attend: faster than a bias
         keys = op("Cast", op("Squeeze", mask.ok, c("axes1", np.array([1], np.int64))), to=ir.DataType.INT32)
     if kind == "Attention":
         inputs = [keys] if mask.padded else [None, None, bias]
         out = op("Attention", p[0].x, w, b, *inputs, domain=MS, num_heads=h, scale=scale, mask_filter_value=-1e30)
     elif kind == "QAttention":  # x quantized as uint8 with zero point 128: the int8 Q/DQ values, shifted
-        sx, zero = c(f"x_scale_{p[0].x_scale:.9g}", np.array(p[0].x_scale, np.float32)), c("u8_128", np.array(128, np.uint8))
+        sx = c(f"x_scale_{p[0].x_scale:.9g}", np.array(p[0].x_scale, np.float32))
+        zero = c("u8_128", np.array(128, np.uint8))
         xq = op("QuantizeLinear", p[0].x, sx, zero)
         out = op("QAttention", xq, w, b, sx, c("qkv_weight_scales", np.concatenate([x.w_scales for x in p])), keys,
                  zero, c("qkv_weight_zero_points", np.zeros(w.shape[1], np.int8)), domain=MS, num_heads=h,
