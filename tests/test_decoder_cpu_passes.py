@@ -53,7 +53,7 @@ def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
     assert passes["logits-to-keep"]["details"]["added"]
     ops = collections.Counter(n.op_type for n in onnx.load(str(bundle_path / "model.ort.onnx")).graph.node)
     assert ops["SimplifiedLayerNormalization"] == 1 and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
-    assert ops["MatMul"] + ops["FusedMatMul"] == 4 * LAYERS + 1 + 3 * LAYERS  # QKV, o, gate/up, down, LM head; attention
+    assert ops["MatMul"] + ops["FusedMatMul"] == 4 * LAYERS + 1 + 5 * LAYERS  # QKV, o, gate/up, down, LM head; attention: 3 scores, 2 sums
     assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Pow"] == 0
     assert ops["Neg"] == 1  # logits_to_keep's start; no rotate_half negation is left
     assert sum(ops.values()) < 60 * LAYERS + 80  # ~70 shared (geometry, tables); the op body alone was 136 a layer
