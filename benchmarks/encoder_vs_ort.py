@@ -1,6 +1,6 @@
 """MiniLM on the CPU: edgeattn cpu bundles against ONNX Runtime's own transformers optimizer (issue 20).
 
-    python benchmarks/encoder_vs_ort.py [--rounds 9] [--threads 2] [--qat-steps 60]   # prepare, time, write JSON
+    python benchmarks/encoder_vs_ort.py [--rounds 12] [--threads 2] [--qat-steps 60]   # prepare, time, write JSON
     python benchmarks/encoder_vs_ort.py table [RESULT.json]                          # print the latest table
 
 The peer is what a CPU user runs instead of edgeattn: `onnxruntime.transformers.optimizer.optimize_model`
@@ -13,7 +13,8 @@ bundles are rebuilt on every run.
 
 Every engine runs with the same ONNX Runtime session options (intra_op_num_threads = --threads, default
 graph optimizations); ours through edgeattn's runtime backend, as `edgeattn serve` runs a bundle. Batch 1
-and 8, sequence 128, window 0 (full). Each round runs every engine in turn (so load drifts hit all alike)
+and 8, sequence 128, window 0 (full). Each round runs every engine in turn (so load drifts hit all alike), in
+an order rotated from round to round (the engine run first in a round measured faster on the loaded machine),
 and keeps the median of its runs; ms is the median over rounds, ours / peer the median of the per-round
 ratios. JSON: benchmarks/results/encoder_vs_ort_<UTC time>.json, with /proc/loadavg before and after and the
 CPU count.
@@ -149,9 +150,12 @@ def time_engines(sessions: dict, rounds: int, runs: dict[int, int]) -> dict:
         for _ in range(3):
             outs[label, b] = sessions[label].run(None, feed)[0]
     per_round: dict[str, list[float]] = {}
-    for _ in range(rounds):
+    labels = list(sessions)
+    for r in range(rounds):
+        order = labels[r % len(labels):] + labels[:r % len(labels)]  # rotated: no engine always runs first
         for b in BATCHES:
-            for label, s in sessions.items():
+            for label in order:
+                s = sessions[label]
                 ts = []
                 for _ in range(runs[b]):
                     t = time.perf_counter()
@@ -211,7 +215,7 @@ def main() -> None:
         print(table(json.loads(Path(files[-1]).read_text())))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=12, help="a multiple of 4: each engine leads as often")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs-b1", type=int, default=10, help="timed runs per round at batch 1")
     ap.add_argument("--runs-b8", type=int, default=3, help="timed runs per round at batch 8")
