@@ -69,6 +69,8 @@ def unsupported(node: ir.Node) -> str | None:
         return f"{name} rotates Q and K inside (do_rotary=1): the windowed op expects rotated inputs"
     if node.op_type == "MultiHeadAttention" and (_given(node, 1) is None or _rank(node.inputs[1]) == 5):
         return f"{name} with packed QKV or KV: only separate Q, K, V are mapped"
+    if node.op_type == "MultiHeadAttention" and _rank(node.inputs[1]) == 4 and _given(node, 3) is not None:
+        return f"{name} with a bias and keys already in heads [B, N, L, H] (cross attention): not mapped"
     return None
 
 
@@ -192,6 +194,8 @@ def annotate_shapes(graph: ir.Graph) -> int:
             continue
         dims = list(first.shape)
         if node.op_type in ("Attention", "MultiHeadAttention"):
+            if len(dims) != 3:
+                continue  # a packed query: the output's rank is not the input's
             dims[-1] = None
         out.dtype, out.shape = first.dtype, ir.Shape(dims)
         count += 1
