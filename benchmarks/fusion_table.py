@@ -129,25 +129,11 @@ def cached_parity(source: Path, built: Path, prompt: int = 12, new: int = 4, tol
     """A decoder with past run as Optimum's runtime runs it: `prompt` tokens with an empty past, then `new` tokens
     with the present it returned; the largest difference in logits and present.* between the two files."""
     import numpy as np
-    import onnxruntime as ort
+    from foreign_fixtures import run_with_cache
 
     ids = np.random.default_rng(0).integers(100, 5000, (1, prompt + new))
-    runs = []
-    for path, extra in ((source, {}), (built, {"attention_window": np.array(0), "logits_to_keep": np.array(0)})):
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        names = [i.name for i in sess.get_inputs()]
-        past = [n for n in names if n.startswith("past_key_values.")]
-        shape = next(i.shape for i in sess.get_inputs() if i.name == past[0])
-        cache = {n: np.zeros((1, shape[1], 0, shape[3]), np.float32) for n in past}
-        outs = []
-        for start, stop in ((0, prompt), (prompt, prompt + new)):
-            feeds = {"input_ids": ids[:, start:stop], "attention_mask": np.ones((1, stop), np.int64),
-                     "position_ids": np.arange(start, stop)[None], **cache, **extra}
-            result = sess.run(None, {k: v for k, v in feeds.items() if k in names})
-            cache = dict(zip(past, result[1:]))  # present.N.* follow logits in the same order
-            outs += result
-        runs.append(outs)
-    diff = max(float(np.abs(a - b).max()) for a, b in zip(*runs))
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(run_with_cache(source, ids, prompt),
+                                                            run_with_cache(built, ids, prompt)))
     return {"status": "pass" if diff <= tolerance else "fail", "max_abs_diff": diff}
 
 

@@ -208,3 +208,25 @@ def optimum_style_decoder_with_past(model, out: Path, opset: int = OPTIMUM_OPSET
 def with_past_dims(past: int, seq: tuple[int, int, int]) -> tuple:
     """BuildConfig.dims for an Optimum decoder: a fixed past length, and past + new following the new tokens."""
     return ((PAST, (past, past, past)), (TOTAL, tuple(past + n for n in seq)))
+
+
+def run_with_cache(path: Path, ids: np.ndarray, prompt: int) -> list[np.ndarray]:
+    """A decoder with past run as Optimum's runtime runs it: ids[:, :prompt] with an empty past, then the rest with
+    the present it returned. The outputs of both calls (logits, present.*), in order. A built model's window input
+    gets 0 (full) and `logits_to_keep` 0 (every position)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    past = [n for n in names if n.startswith("past_key_values.")]
+    shape = next(i.shape for i in sess.get_inputs() if i.name == past[0])
+    cache = {n: np.zeros((ids.shape[0], shape[1], 0, shape[3]), np.float32) for n in past}
+    extra = {"attention_window": np.array(0, np.int64), "logits_to_keep": np.array(0, np.int64)}
+    outs = []
+    for start, stop in ((0, prompt), (prompt, ids.shape[1])):
+        feeds = {"input_ids": ids[:, start:stop], "attention_mask": np.ones((ids.shape[0], stop), np.int64),
+                 "position_ids": np.broadcast_to(np.arange(start, stop), (ids.shape[0], stop - start)), **cache, **extra}
+        result = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+        cache = dict(zip(past, result[1:]))  # present.N.* follow logits, in the order of past_key_values.N.*
+        outs += result
+    return outs

