@@ -109,7 +109,7 @@ def lower_dense(model: ir.Model) -> tuple[int, dict[str, str], dict[str, str]]:
                     c("axes0", np.array([0], np.int64)))
             w = op("Reshape", window, c("scalar", np.array([], np.int64)))
             zero, one = c("i0", np.array(0, np.int64)), c("i1", np.array(1, np.int64))
-            w = op("Where", op("Or", op("LessOrEqual", w, zero), op("GreaterOrEqual", w, sk)), sk, w)
+            w = op("Where", op("LessOrEqual", w, zero), sk, w)  # 0: full; w >= S_k already admits every key
             pos = op("Range", zero, sk, one)
             qpos = op("Unsqueeze", pos, c("axes1", np.array([1], np.int64)))  # [S_k, 1]
             kpos = op("Unsqueeze", pos, c("axes0", np.array([0], np.int64)))  # [1, S_k]
