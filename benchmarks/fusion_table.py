@@ -118,7 +118,8 @@ def measure(model_name: str, row: str, folder: Path) -> dict:
     att, gelu, up = passes["fuse-attention"], passes["fuse-gelu-cpu"], passes["upgrade-opset"]
     parity = bundle.manifest.sections["parity"] if not dims else cached_parity(path, bundle.path / "model.onnx")
     kept = _contrib_gelus(bundle.path / "model.onnx")  # the graph after the passes
-    return {**line, "contrib_gelus": kept, "blocks_fused": att["windowed_total"], "blocks": att["windowed_total"] + len(att["unfused"]),
+    return {**line, "contrib_gelus": kept, "blocks_fused": att["windowed_total"],
+            "blocks": att["windowed_total"] + len(att["unfused"]),
             "unfused": att["unfused"][:1], "gelu_fused": gelu["fused"] + gelu["native"], "gelu_native": gelu["native"],
             "gelus": gelu["fused"] + gelu["native"] + gelu["unfused"],
             "upgraded_from": up["from"] if up["from"] != up["to"] else None,

@@ -77,8 +77,9 @@ def contrib_attention(form: str = "plain", *, unidirectional: int = 0, opset: in
         nodes.append(helper.make_node("Attention", ["x", "w", "b", "index" if form == "plain" else "mask32"], ["y"],
                                       domain=MS, **attrs))
     elif form == "past":
-        inputs.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, "batch", HEADS, "past_seq", HEAD_DIM]))
-        outputs.append(helper.make_tensor_value_info("present", TensorProto.FLOAT, [2, "batch", HEADS, "total", HEAD_DIM]))
+        cache = [2, "batch", HEADS, "past_seq", HEAD_DIM]  # [2, B, N, P, D]
+        inputs.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, cache))
+        outputs.append(helper.make_tensor_value_info("present", TensorProto.FLOAT, cache[:3] + ["total", HEAD_DIM]))
         nodes.append(helper.make_node("Attention", ["x", "w", "b", "", "past"], ["y", "present"], domain=MS, **attrs))
     elif form == "bias":
         rel = rng.standard_normal((1, HEADS, 1, 1)).astype(np.float32)
@@ -197,7 +198,8 @@ def optimum_style_decoder_with_past(model, out: Path, opset: int = OPTIMUM_OPSET
     past_names, present_names = cache_names(layers)
     dyn = {"input_ids": {0: "batch_size", 1: "sequence_length"}, "attention_mask": {0: "batch_size", 1: TOTAL},
            "position_ids": {0: "batch_size", 1: "sequence_length"}, "logits": {0: "batch_size", 1: "sequence_length"},
-           **{n: {0: "batch_size", 2: PAST} for n in past_names}, **{n: {0: "batch_size", 2: TOTAL} for n in present_names}}
+           **{n: {0: "batch_size", 2: PAST} for n in past_names},
+           **{n: {0: "batch_size", 2: TOTAL} for n in present_names}}
     with torch.no_grad():
         torch.onnx.export(WithPast(model).eval(), (ids, mask, pos, *past), str(out), dynamo=False, opset_version=opset,
                           input_names=["input_ids", "attention_mask", "position_ids", *past_names],
@@ -224,8 +226,9 @@ def run_with_cache(path: Path, ids: np.ndarray, prompt: int) -> list[np.ndarray]
     extra = {"attention_window": np.array(0, np.int64), "logits_to_keep": np.array(0, np.int64)}
     outs = []
     for start, stop in ((0, prompt), (prompt, ids.shape[1])):
+        positions = np.broadcast_to(np.arange(start, stop), (ids.shape[0], stop - start))
         feeds = {"input_ids": ids[:, start:stop], "attention_mask": np.ones((ids.shape[0], stop), np.int64),
-                 "position_ids": np.broadcast_to(np.arange(start, stop), (ids.shape[0], stop - start)), **cache, **extra}
+                 "position_ids": positions, **cache, **extra}
         result = sess.run(None, {k: v for k, v in feeds.items() if k in names})
         cache = dict(zip(past, result[1:]))  # present.N.* follow logits, in the order of past_key_values.N.*
         outs += result

@@ -88,7 +88,8 @@ def test_cached_step_at_a_window_matches_the_full_sequence(llama, new):
     for window in (0, 3):
         w = np.array(window, np.int64)
         with OnnxRuntimeBackend(plain_bundle.path / "model.onnx") as full:
-            whole = _infer(full, {"input_ids": ids, "attention_mask": np.ones_like(ids), "attention_window": w})["logits"]
+            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "attention_window": w}
+            whole = _infer(full, feeds)["logits"]
         with OnnxRuntimeBackend(past_bundle.path / "model.onnx") as step:
             first = _infer(step, {"input_ids": ids[:, :p], "attention_mask": np.ones_like(ids[:, :p]),
                                 "position_ids": np.arange(p)[None], "attention_window": w, **empty})

@@ -54,7 +54,8 @@ def _padded_feeds(seq: int = 21):
 
 @requires_minilm
 @requires_torch
-@pytest.mark.parametrize("form,op", [("attention", "Attention"), ("mha", "MultiHeadAttention"), ("raw-mask", "Attention")])
+@pytest.mark.parametrize("form,op", [("attention", "Attention"), ("mha", "MultiHeadAttention"),
+                                     ("raw-mask", "Attention")])
 def test_optimized_minilm_fuses_six_of_six(minilm_exports, tmp_path, form, op):
     src, optimized = minilm_exports
     path = optimized[form]
