@@ -5,7 +5,8 @@ Generation reads the logits of a chunk's last position; the exported decoder com
 slices the LM head's input to the last `logits_to_keep` positions (0 keeps all of them, the exported
 behaviour, which perplexity over a stream needs): `logits` becomes [B, min(n, S), V]. The runtime feeds 1
 while generating (edgeattn.runtime.generation.decoder_bundle). Hugging Face calls the same argument
-`logits_to_keep`.
+`logits_to_keep`. The input has a default (0), so a caller that does not know it is served as before; only
+decoders with a cache (`edgeattn export --decoder`) get it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes.rewiring import constant
 
 INPUT = "logits_to_keep"
+POSITION_INPUT = "cache_position"  # what makes a decoder with a cache (edgeattn.decoder.metadata)
 HEADS = ("MatMul", "MatMulNBits", "Gemm")
 
 
@@ -28,6 +30,9 @@ class LogitsToKeep:
         logits = next((v for v in graph.outputs if v.name == "logits"), None)
         if logits is None:
             return PassResult(self.name, False, "no `logits` output (not a decoder)", {"added": False})
+        if not any(v.name == POSITION_INPUT for v in graph.inputs):
+            return PassResult(self.name, False, f"not a decoder with a cache (no `{POSITION_INPUT}` input): its "
+                              "inputs are kept as they are", {"added": False})
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"{ctx.target.backend}: logits for every position kept",
                               {"added": False})
@@ -42,8 +47,11 @@ class LogitsToKeep:
         if why:
             return PassResult(self.name, False, f"logits for every position kept: {why}", {"added": False},
                               [f"logits-to-keep: {why}"])
-        keep = ir.Value(name=INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.INT64))
+        # an input with a default (an initializer of the same name): 0, every position, when it is not fed
+        keep = ir.Value(name=INPUT, shape=ir.Shape([]), type=ir.TensorType(ir.DataType.INT64),
+                        const_value=ir.tensor(np.array(0, np.int64), name=INPUT))
         graph.inputs.append(keep)
+        graph.register_initializer(keep)
         x = head.inputs[0]
         nodes = []
 

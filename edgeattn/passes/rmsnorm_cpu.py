@@ -37,6 +37,10 @@ def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node, ir.Node] |
     if pow_ is None or pow_.op_type != "Pow" or not _close(_scalar(pow_.inputs[1]), 2.0):
         return "ReduceMean input is not x ^ 2"
     x = pow_.inputs[0]
+    centre = x.producer()
+    if centre is not None and centre.op_type == "Sub" and (mean_of := centre.inputs[1].producer()) is not None \
+            and mean_of.op_type == "ReduceMean" and mean_of.inputs[0] is centre.inputs[0]:
+        return "ReduceMean input is not x ^ 2 but (x - mean(x)) ^ 2: a LayerNorm (ONNX Runtime fuses those)"
     if x.dtype != ir.DataType.FLOAT:
         return f"x is {x.dtype}, the fusion handles float32"
     if not _axes_last(mean) or mean.attributes.get_int("keepdims", 1) != 1:
@@ -49,6 +53,10 @@ def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node, ir.Node] |
     if sqrt is None:
         return "mean + eps is not followed by Sqrt"
     inv = _only_use(sqrt.outputs[0], "Reciprocal")
+    if inv is None:  # 1 / sqrt(..) as a Div (the TorchScript exporter's spelling)
+        div = _only_use(sqrt.outputs[0], "Div")
+        inv = div if div is not None and div.inputs[1] is sqrt.outputs[0] and _close(_scalar(div.inputs[0]), 1.0) \
+            else None
     if inv is not None:
         scale = _only_use(inv.outputs[0], "Mul")
         if scale is None or _other(scale, inv.outputs[0]) is not x:
@@ -57,8 +65,14 @@ def match(mean: ir.Node) -> tuple[ir.Value, ir.Value, float, ir.Node, ir.Node] |
         scale = _only_use(sqrt.outputs[0], "Div")
         if scale is None or scale.inputs[0] is not x:
             return "sqrt(..) does not divide x"
-    weigh = _only_use(scale.outputs[0], "Mul")
-    weight = _other(weigh, scale.outputs[0]) if weigh is not None else None
+    normed = scale.outputs[0]
+    cast = _only_use(normed, "Cast")  # `.to(input_dtype)` before the weight (TorchScript), a no-op in float32
+    if cast is not None and cast.attributes.get_int("to", 0) == ir.DataType.FLOAT:
+        normed = cast.outputs[0]
+    weigh = _only_use(normed, "Mul")
+    weight = _other(weigh, normed) if weigh is not None else None
+    while weight is not None and weight.producer() is not None and weight.producer().op_type == "Identity":
+        weight = weight.producer().inputs[0]  # the TorchScript exporter shares equal weights through Identity
     tensor = ir.convenience.get_const_tensor(weight) if weight is not None else None
     if tensor is None or len(tensor.shape) != 1:
         return "the normalized x is not multiplied by a constant 1-D weight"
@@ -84,8 +98,8 @@ class FuseRmsNormForCpu:
                 _skip_norm(graph, _residual(x), weight, eps, weigh)
                 skipped += 1
             elif scale.op_type == "Mul":  # x * (1 / sqrt(..)) -> x / sqrt(..), the spelling ONNX Runtime fuses
-                inv = _other(scale, x).producer()
-                div = ir.node("Div", [x, inv.inputs[0]], name=f"{scale.name}/Div")
+                inv = _other(scale, x).producer()  # Reciprocal(sqrt) or Div(1, sqrt)
+                div = ir.node("Div", [x, inv.inputs[-1]], name=f"{scale.name}/Div")
                 graph.insert_before(scale, div)
                 div.outputs[0].shape, div.outputs[0].dtype = scale.outputs[0].shape, scale.outputs[0].dtype
                 replace_value(graph, scale.outputs[0], div.outputs[0])

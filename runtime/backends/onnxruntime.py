@@ -45,6 +45,11 @@ class OnnxRuntimeBackend:
         return [i.name for i in self.session.get_inputs()]
 
     @property
+    def optional_input_names(self) -> list[str]:
+        """Inputs with a default (initializers a caller may override, e.g. a decoder's `logits_to_keep`)."""
+        return [i.name for i in self.session.get_overridable_initializers()]
+
+    @property
     def output_names(self) -> list[str]:
         return [o.name for o in self.session.get_outputs()]
 
@@ -53,7 +58,8 @@ class OnnxRuntimeBackend:
         if missing:
             raise InputError(f"missing input(s) {sorted(missing)}: expected {self.input_names}")
         try:
-            outs = self.session.run(None, {k: feeds[k] for k in self.input_names})
+            names = self.input_names + [n for n in self.optional_input_names if n in feeds]
+            outs = self.session.run(None, {k: feeds[k] for k in names})
         except Exception as exc:
             raise RuntimeBackendError(f"ONNX Runtime failed to run {self.model_path.name}: {exc}") from None
         return dict(zip(self.output_names, outs))

@@ -45,7 +45,8 @@ class DecoderModel:
         if self.backend is None:
             self.backend = open_backend(self.bundle, threads=self.threads)
             self.backend.activate()
-            self._keeps_logits = LOGITS_TO_KEEP in self.backend.input_names
+            self._keeps_logits = LOGITS_TO_KEEP in (self.backend.input_names +
+                                                    list(getattr(self.backend, "optional_input_names", [])))
         return self
 
     def deactivate(self) -> None:
