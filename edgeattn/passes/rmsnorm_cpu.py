@@ -16,7 +16,7 @@ import onnx_ir.passes.common as common
 
 from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes.gelu_cpu import _close, _only_use, _other, _scalar
-from edgeattn.passes.rewiring import replace_value
+from edgeattn.passes.rewiring import anchored, replace_value
 
 MS = "com.microsoft"
 
@@ -87,12 +87,7 @@ class FuseRmsNormForCpu:
             return PassResult(self.name, False, f"{ctx.target.backend} fuses RMSNorm itself", {"fused": 0})
         fused, skipped, unfused = 0, 0, []
         graph = model.graph
-        for mean in [n for n in graph if n.op_type == "ReduceMean" and n.domain == ""]:
-            found = match(mean)
-            if isinstance(found, str):
-                if not found.startswith("ReduceMean input is not"):  # a plain mean is not a near-miss
-                    unfused.append({"node": mean.name, "reason": found})
-                continue
+        for _, found in anchored(graph, "ReduceMean", match, unfused, ignore="ReduceMean input is not"):
             x, weight, eps, scale, weigh = found
             if _residual(x) is not None:
                 _skip_norm(graph, _residual(x), weight, eps, weigh)

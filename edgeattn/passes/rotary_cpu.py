@@ -18,7 +18,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 
 from edgeattn.passes import PassContext, PassResult
-from edgeattn.passes.rewiring import constant, replace_value
+from edgeattn.passes.rewiring import anchored, constant, replace_value
 
 MS = "com.microsoft"
 
@@ -114,13 +114,7 @@ class FuseRotaryForCpu:
         graph = model.graph
         tables: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}
         fused, unfused = 0, []
-        for neg in [n for n in graph if n.op_type == "Neg" and n.domain == ""]:
-            found = match(neg)
-            if isinstance(found, str):
-                if not found.startswith("Neg does not read"):  # a plain negation is not a near-miss
-                    unfused.append({"node": neg.name, "reason": found})
-                continue
-            x, rotations = found
+        for _, (x, rotations) in anchored(graph, "Neg", match, unfused, ignore="Neg does not read"):
             for add, f in rotations:
                 if id(f) not in tables:
                     tables[id(f)] = _tables(graph, f)
