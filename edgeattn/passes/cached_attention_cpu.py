@@ -80,7 +80,7 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
     """Returns (nodes lowered, geometries built, {node kept: why})."""
     common.ShapeInferencePass()(model)
     graph = model.graph
-    shared: dict[tuple, tuple[ir.Value, ir.Value]] = {}
+    shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value, ir.Value]] = {}  # key -> _geometry's values
     lowered, kept = 0, {}
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
