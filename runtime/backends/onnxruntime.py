@@ -19,6 +19,7 @@ class OnnxRuntimeBackend:
         self.threads = threads
         self.providers = providers
         self._session = None
+        self._optional: list[str] | None = None
 
     def activate(self) -> None:
         import onnxruntime as ort
@@ -47,7 +48,9 @@ class OnnxRuntimeBackend:
     @property
     def optional_input_names(self) -> list[str]:
         """Inputs with a default (initializers a caller may override, e.g. a decoder's `logits_to_keep`)."""
-        return [i.name for i in self.session.get_overridable_initializers()]
+        if self._optional is None:  # read once per session: infer() asks at every step
+            self._optional = [i.name for i in self.session.get_overridable_initializers()]
+        return self._optional
 
     @property
     def output_names(self) -> list[str]:
@@ -65,7 +68,7 @@ class OnnxRuntimeBackend:
         return dict(zip(self.output_names, outs))
 
     def deactivate(self) -> None:
-        self._session = None
+        self._session, self._optional = None, None
 
     def __enter__(self) -> "OnnxRuntimeBackend":
         self.activate()
