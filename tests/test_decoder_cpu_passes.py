@@ -43,20 +43,26 @@ def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
     manifest = json.loads((bundle_path / "manifest.json").read_text())
     passes = {p["name"]: p for p in manifest["sections"]["passes"]} if isinstance(manifest["sections"]["passes"], list) \
         else manifest["sections"]["passes"]
-    assert passes["lower-cached-cpu"]["details"]["lowered"] == LAYERS
-    assert passes["lower-cached-cpu"]["details"]["geometries"] == 1
+    lowering = passes["lower-cached-cpu"]
+    assert lowering["details"]["lowered"] == LAYERS and lowering["details"]["group_query_attention"] == LAYERS
+    assert lowering["details"]["geometries"] == 1 and not lowering["problems"]
     assert passes["fuse-rmsnorm-cpu"]["details"]["fused"] == 2 * LAYERS + 1
     assert passes["fuse-rotary-cpu"]["details"]["fused"] == 3 * LAYERS  # query at t, query for the sinks, key
     assert passes["fuse-rotary-cpu"]["details"]["tables"] == 2  # positions t, sink positions min(t, sinks + W)
     assert passes["fuse-rmsnorm-cpu"]["details"]["with_residual"] == 2 * LAYERS  # all but the first norm
-    assert passes["pack-matmuls-cpu"]["details"] == {"packed": 2 * LAYERS, "projections": 5 * LAYERS}  # QKV, gate/up
+    assert passes["pack-matmuls-cpu"]["details"] == {"packed": 2 * LAYERS, "projections": 5 * LAYERS,
+                                                     "into_attention": LAYERS}  # QKV read whole by the op; gate/up
     assert passes["logits-to-keep"]["details"]["added"]
     ops = collections.Counter(n.op_type for n in onnx.load(str(bundle_path / "model.ort.onnx")).graph.node)
     assert ops["SimplifiedLayerNormalization"] == 1 and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
-    assert ops["MatMul"] + ops["FusedMatMul"] == 4 * LAYERS + 1 + 5 * LAYERS  # QKV, o, gate/up, down, LM head; attention: 3 scores, 2 sums
-    assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Pow"] == 0
+    assert ops["GroupQueryAttention"] == LAYERS and ops["MatMul"] == 4 * LAYERS + 1  # QKV, o, gate/up, down, LM head
+    assert ops["Split"] == LAYERS  # gate/up only: the op reads the packed QKV itself
+    assert ops["RotaryEmbedding"] == LAYERS and ops["Pow"] == 0  # the gathered sink keys; q and k rotate in the op
     assert ops["Neg"] == 1  # logits_to_keep's start; no rotate_half negation is left
-    assert sum(ops.values()) < 60 * LAYERS + 80  # ~70 shared (geometry, tables); the op body alone was 136 a layer
+    per_layer = {"GroupQueryAttention", "GatherND", "RotaryEmbedding", "Slice", "MatMul", "Split",
+                 "SkipSimplifiedLayerNormalization", "QuickGelu", "Mul"}
+    assert sum(ops.values()) < 17 * LAYERS + 130, ops  # ~120 shared (geometry, tables); the op body alone was 136 a layer
+    assert sum(v for k, v in ops.items() if k in per_layer) <= 15 * LAYERS + 20
 
 
 @pytest.mark.parametrize("batch, seq, positions, window", [(1, 1, [3], 0), (1, 5, [40], 0), (2, 1, [0, 70], 8),
@@ -72,6 +78,45 @@ def test_the_built_decoder_matches_the_export(tiny_decoder, batch, seq, position
     last = got_sess.run(["logits"], {**feeds, "logits_to_keep": np.array(1, np.int64)})[0]
     assert last.shape == (batch, 1, wants[0].shape[2])  # the LM head ran for the last position only
     np.testing.assert_allclose(last, wants[0][:, -1:], atol=2e-4, rtol=1e-4)
+
+
+def test_a_stream_past_the_ring_matches_the_body_chunk_by_chunk(tiny_decoder):
+    """The cpu form (GroupQueryAttention over the gathered ring rows, the sink keys rotated per query row) against
+    the export, which runs the op's own ONNX body: two streams at different positions in one batch, the host
+    writing each one's ring as it goes, chunks of 1 to 7 tokens, the window changed on the way, positions three
+    times past sinks + W_max."""
+    from edgeattn.attention.ring import RingLayout
+    from edgeattn.runtime.generation.cache import KVCache
+
+    _, _, onnx_path, bundle_path = tiny_decoder
+    want_sess, got_sess = _session(str(onnx_path)), _session(str(bundle_path / "model.ort.onnx"))
+    kv = next(i for i in want_sess.get_inputs() if i.name.startswith("past_key_values"))
+    presents = [o.name for o in want_sess.get_outputs() if o.name.startswith("present")]
+    layout = RingLayout(sinks=SINKS, window_max=WINDOW_MAX)
+    caches = [KVCache(layers=LAYERS, kv_heads=kv.shape[1], head_dim=kv.shape[3], layout=layout, streams=2)
+              for _ in range(2)]
+    rng = np.random.default_rng(7)
+    warm = rng.integers(0, 1000, (1, 9))  # stream 1 starts 9 tokens ahead
+    for cache in caches:
+        cache.positions[1] = 0
+    chunks = [(5, 0), (1, 0), (7, 8), (1, 8), (1, 20), (3, 20)] * 9 + [(1, 0), (2, 5), (1, 48)]
+    steps = 0
+    for size, window in [(9, 0)] + chunks:
+        streams = [1] if steps == 0 else [0, 1]
+        ids = warm if steps == 0 else rng.integers(0, 1000, (2, size))
+        feeds = {"input_ids": ids.astype(np.int64), "attention_window": np.array(window, np.int64)}
+        outs = []
+        for sess, cache in ((want_sess, caches[0]), (got_sess, caches[1])):
+            f = {**feeds, "cache_position": cache.positions[streams].copy()}
+            f.update(zip([i.name for i in want_sess.get_inputs() if i.name.startswith("past_key_values")],
+                         cache.past(np.asarray(streams))))
+            got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, f)))
+            cache.write([got[n] for n in presents], streams)
+            outs.append(got["logits"])
+        np.testing.assert_allclose(outs[1], outs[0], atol=2e-4, rtol=1e-4)
+        steps += 1
+    assert caches[0].positions.tolist() == caches[1].positions.tolist() and caches[1].positions[0] > 3 * (SINKS + WINDOW_MAX)
+    np.testing.assert_allclose(caches[1].keys[1], caches[0].keys[1], atol=1e-5)  # the rings hold the same keys
 
 
 def test_the_runtime_asks_for_the_last_position_only(tiny_decoder):

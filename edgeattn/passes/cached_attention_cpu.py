@@ -29,6 +29,7 @@ import onnx_ir.passes.common as common
 from edgeattn.attention import DOMAIN
 from edgeattn.attention.cached_function import CACHED_OP_TYPE
 from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes import cached_attention_gqa as gqa
 from edgeattn.passes.rewiring import constant, replace_value
 
 
@@ -42,15 +43,19 @@ class LowerCachedAttentionForCpu:
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"{ctx.target.backend} runs the op as a plugin: kept",
                               {"lowered": 0})
-        lowered, geometries, kept = lower_cached(model)
-        details = {"lowered": lowered, "geometries": geometries, "kept": kept}
+        lowered, geometries, kept, forms = lower_cached(model)
+        details = {"lowered": lowered, "geometries": geometries, "kept": kept,
+                   "group_query_attention": forms["fused"], "plain": forms["plain"]}
         if not kept:
             common.RemoveUnusedFunctionsPass()(model)
             if not any(n.domain == DOMAIN for n in model.graph.all_nodes()):
                 model.opset_imports.pop(DOMAIN, None)
         problems = [f"CachedWindowedAttention {name} kept as the op (its ONNX body runs): {why}"
                     for name, why in kept.items()]
-        summary = f"{lowered} cached attention layers lowered to plain ops reading {geometries} shared ring geometry"
+        problems += [f"CachedWindowedAttention {name} lowered to plain ops, not GroupQueryAttention: {why}"
+                     for name, why in forms["plain"].items()]
+        summary = (f"{lowered} cached attention layers lowered ({forms['fused']} on GroupQueryAttention), reading "
+                   f"{geometries} shared ring geometry")
         return PassResult(self.name, lowered > 0, summary, details, problems)
 
 
@@ -76,12 +81,17 @@ def _dim_key(value: ir.Value, axis: int):
     return f"value:{id(value)}"  # unknown: only this value is known to have it
 
 
-def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
-    """Returns (nodes lowered, geometries built, {node kept: why})."""
+def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str], dict]:
+    """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}}):
+    a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops."""
     common.ShapeInferencePass()(model)
     graph = model.graph
     shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value, ir.Value]] = {}  # key -> _geometry's values
-    lowered, kept = 0, {}
+    shared_gqa: dict[tuple, dict] = {}
+    rings: dict[tuple, dict] = {}
+    memo: dict[tuple, tuple[ir.Value, ir.Value]] = {}
+    lowered, kept, plain, fused = 0, {}, {}, 0
+    no_gqa = gqa.unavailable()
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
         if reason:
@@ -95,8 +105,8 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
         ns = max(sinks, 1)  # at least one sink row is read (masked when there are no sinks)
         new: list[ir.Node] = []
 
-        def op(op_type, *inputs, outputs: int = 1, **attrs):
-            n = ir.node(op_type, list(inputs), attributes=attrs, num_outputs=outputs,
+        def op(op_type, *inputs, outputs: int = 1, _domain: str = "", **attrs):
+            n = ir.node(op_type, list(inputs), attributes=attrs, num_outputs=outputs, domain=_domain,
                         name=f"{node.name}/{op_type}{len(new)}")
             new.append(n)
             return n.outputs[0] if outputs == 1 else tuple(n.outputs)
@@ -104,6 +114,47 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
         c = lambda name, value: constant(graph, f"edgeattn_cached_{name}", value)  # noqa: E731
         i64 = lambda x: np.array(x, np.int64)  # noqa: E731
         key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
+        found = gqa.match(node, sinks) if no_gqa is None else no_gqa
+        if isinstance(found, dict):
+            if key not in rings:  # shapes from the query before its rotation, which the fused op does itself
+                x3 = gqa.shape_source(found["xq"], h, d)
+                rings[key] = ring(op, c, i64, x3 if x3 is not None else found["xq"], pk, position, window,
+                                  sinks=sinks, hkv=hkv, seq_axis=1 if x3 is not None else 2)
+            if key not in shared_gqa:
+                shared_gqa[key] = gqa.geometry(op, c, i64, rings[key], sinks=sinks, hkv=hkv)
+            geo = shared_gqa[key]
+
+            def tables(kind, a, b):
+                memo_key = (kind, id(a), id(b), key)
+                if memo_key not in memo:
+                    memo[memo_key] = (gqa.offset_tables(op, c, i64, a, b, geo["past_pads"]) if kind == "offset" else
+                                      (op("Pad", a, geo["rotary_pads"]), op("Pad", b, geo["rotary_pads"])))
+                return memo[memo_key]
+
+            out, k_new, v_new = gqa.emit(op, c, i64, node, found, geo, tables, sinks=sinks, h=h, hkv=hkv, d=d,
+                                         scale=scale)
+            graph.insert_before(node, new)
+            for old, value in ((k, k_new), (v, v_new)):
+                value.shape, value.dtype = old.shape, old.dtype
+            out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
+            bsnh = out.producer().inputs[0]
+            replace_value(graph, node.outputs[0], out)
+            graph.remove(node, safe=True)
+            replace_value(graph, k, k_new)  # the ring is written from the op's own rotation of the keys
+            replace_value(graph, v, v_new)
+            for use in list(out.uses()):  # [B, H, S, D] read back as [B, S, H, D]: no transpose at all
+                t = use.node
+                if t.op_type == "Transpose" and list(t.attributes.get_ints("perm", [])) == [0, 2, 1, 3]:
+                    replace_value(graph, t.outputs[0], bsnh)
+            o3 = bsnh.producer().inputs[0]
+            for use in list(bsnh.uses()):  # and [B, S, H, D] read back as [B, S, H*D]: the op's own output
+                r = use.node
+                if r.op_type == "Reshape" and r.outputs[0].shape is not None and list(r.outputs[0].shape) == list(o3.shape):
+                    replace_value(graph, r.outputs[0], o3)
+            lowered += 1
+            fused += 1
+            continue
+        plain[node.name or CACHED_OP_TYPE] = found
         if key not in shared:
             shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)
         rows, rows_sv, split_sv, bias = shared[key]
@@ -128,19 +179,23 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str]]:
         replace_value(graph, node.outputs[0], out)
         graph.remove(node, safe=True)
         lowered += 1
-    return lowered, len(shared), kept
+    if fused:
+        common.RemoveUnusedNodesPass()(model)
+        model.opset_imports.setdefault(gqa.MS, 1)
+    return lowered, len(shared) + len(shared_gqa), kept, {"fused": fused, "plain": plain}
 
 
-def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: int, ns: int):
-    """The body's rule (cached_function._build_cached), once: rows [B, H_kv, N] of the window keys in the
-    cache seen as [B*H_kv*C, D], rows_sv [B, H_kv, NS + N] of the sink and window values, the split sizes
-    [NS + N, S] of the probabilities, and the additive bias [B, 1, G*S, L], L = NS + N + S."""
+def ring(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, seq_axis: int = 2) -> dict[str, ir.Value]:
+    """What both lowerings read (the body's rule, cached_function._build_cached): the live window n, the
+    ring slots [B, N] and the flat cache rows [B, H_kv, N] of the window keys (the cache seen as [B*H_kv*C, D]), their row offsets
+    `base` [B, H_kv, 1], and the masks of the window keys ok_w [B, S, N] and of the chunk's keys ok_n [B, S, S].
+    q: any tensor with the batch on axis 0 and the chunk on `seq_axis`."""
     i0, i1 = c("i0", i64(0)), c("i1", i64(1))
     sinks_c = c(f"sinks_{sinks}", i64(sinks))
     axes0, axes1 = c("axes0", i64([0])), c("axes1", i64([1]))
     scalar = c("scalar_shape", i64([]))
     bsz = op("Reshape", op("Shape", q, start=0, end=1), scalar)
-    sq_1d = op("Shape", q, start=2, end=3)
+    sq_1d = op("Shape", q, start=seq_axis, end=seq_axis + 1)
     sq = op("Reshape", sq_1d, scalar)
     cap = op("Reshape", op("Shape", pk, start=2, end=3), scalar)
     wmax = op("Sub", cap, sinks_c)
@@ -157,11 +212,6 @@ def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: i
             op("Concat", op("Unsqueeze", bsz, axes0), c(f"hkv_1_{hkv}", i64([hkv, 1])), axis=0))  # [B, H_kv, 1]
     base = op("Mul", bh, cap)  # [B, H_kv, 1]: row 0 of each (stream, kv head) in the flat cache
     rows = op("Add", base, op("Unsqueeze", slot_w, axes1))  # [B, H_kv, N]
-    rows_sv = op("Concat", op("Add", base, c(f"sink_rows_{ns}", i64(np.arange(ns)))), rows, axis=-1)  # [B, H_kv, NS + N]
-    split_sv = op("Concat", op("Unsqueeze", op("Add", n, c(f"ns_scalar_{ns}", i64(ns))), axes0), sq_1d, axis=0)  # [2]
-    kpos_s = c(f"sink_pos_{ns}", i64(np.arange(ns)[None]))  # [1, NS]
-    ok_s = op("Unsqueeze", op("And", op("Less", kpos_s, sinks_c), op("Less", kpos_s, pos)), axes1)  # [B, 1, NS]
-    ok_s = op("Expand", ok_s, op("Concat", c("one_1", i64([1])), sq_1d, c("one_1", i64([1])), axis=0))  # [B, S, NS]
     qi = op("Unsqueeze", op("Range", i0, sq, i1), axes1)  # [S, 1]
     kj = op("Unsqueeze", op("Range", i0, sq, i1), axes0)  # [1, S]
     dist = op("Sub", op("Add", qi, n), op("Unsqueeze", r, axes0))  # [S, N]
@@ -169,7 +219,25 @@ def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: i
     in_band = op("Or", op("Less", op("Sub", qi, kj), w),
                  op("Unsqueeze", op("Less", op("Add", pos, kj), sinks_c), axes1))  # [B, S, S]
     ok_n = op("And", op("LessOrEqual", kj, qi), in_band)  # [B, S, S]
-    ok = op("Concat", ok_s, ok_w, ok_n, axis=-1)  # [B, S, L]
+    return {"bsz": bsz, "sq": sq, "sq_1d": sq_1d, "pos": pos, "n": n, "base": base, "rows": rows, "qi": qi,
+            "slots": slot_w,
+            "ok_w": ok_w, "ok_n": ok_n}
+
+
+def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: int, ns: int):
+    """rows [B, H_kv, N] of the window keys in the cache seen as [B*H_kv*C, D], rows_sv [B, H_kv, NS + N]
+    of the sink and window values, the split sizes [NS + N, S] of the probabilities, and the additive bias
+    [B, 1, G*S, L], L = NS + N + S."""
+    geo = ring(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv)
+    base, rows, n, sq_1d = geo["base"], geo["rows"], geo["n"], geo["sq_1d"]
+    axes0, axes1 = c("axes0", i64([0])), c("axes1", i64([1]))
+    rows_sv = op("Concat", op("Add", base, c(f"sink_rows_{ns}", i64(np.arange(ns)))), rows, axis=-1)  # [B, H_kv, NS + N]
+    split_sv = op("Concat", op("Unsqueeze", op("Add", n, c(f"ns_scalar_{ns}", i64(ns))), axes0), sq_1d, axis=0)  # [2]
+    kpos_s = c(f"sink_pos_{ns}", i64(np.arange(ns)[None]))  # [1, NS]
+    ok_s = op("Unsqueeze", op("And", op("Less", kpos_s, c(f"sinks_{sinks}", i64(sinks))),
+                              op("Less", kpos_s, geo["pos"])), axes1)  # [B, 1, NS]
+    ok_s = op("Expand", ok_s, op("Concat", c("one_1", i64([1])), sq_1d, c("one_1", i64([1])), axis=0))  # [B, S, NS]
+    ok = op("Concat", ok_s, geo["ok_w"], geo["ok_n"], axis=-1)  # [B, S, L]
     bias = op("Where", ok, c("f0", np.array(0.0, np.float32)), c("fneginf", np.array(-np.inf, np.float32)))
     bias = op("Unsqueeze", bias, axes1)  # [B, 1, S, L]
     if g > 1:  # query row g*S + i of a KV head reads as row i: [B, 1, G*S, L]

@@ -69,8 +69,30 @@ class PackMatMulsForCpu:
             _pack(graph, nodes)
             packed += 1
             products += len(nodes)
-        return PassResult(self.name, packed > 0, f"{products} projections packed into {packed} wide ones",
-                          {"packed": packed, "projections": products})
+        into_attention = _packed_into_attention(graph)
+        return PassResult(self.name, packed > 0, f"{products} projections packed into {packed} wide ones"
+                          + (f", {into_attention} read whole by GroupQueryAttention" if into_attention else ""),
+                          {"packed": packed, "projections": products, "into_attention": into_attention})
+
+
+def _packed_into_attention(graph: ir.Graph) -> int:
+    """GroupQueryAttention(q, k, v) with q, k, v the Split of one packed product -> GroupQueryAttention(packed):
+    the op reads the packed [B, S, (H + 2 H_kv) D] layout itself, so the Split's copies go."""
+    done = 0
+    for node in [n for n in graph if n.op_type == "GroupQueryAttention" and n.domain == MS]:
+        split = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if split is None or split.op_type != "Split" or len(split.outputs) != 3 \
+                or list(split.outputs) != list(node.inputs[:3]) or any(len(o.uses()) != 1 for o in split.outputs):
+            continue
+        shape = node.inputs[0].shape  # the query [B, S, H*D]: the Split is along its last axis
+        if split.attributes.get_int("axis", 0) not in (-1, 2) or shape is None or len(shape) != 3:
+            continue
+        node.replace_input_with(0, split.inputs[0])
+        node.replace_input_with(1, None)
+        node.replace_input_with(2, None)
+        graph.remove(split, safe=True)
+        done += 1
+    return done
 
 
 def _pack(graph: ir.Graph, nodes: list[ir.Node]) -> None:

@@ -12,9 +12,9 @@ PASSES: dict[str, str] = {
     "upgrade-opset": "edgeattn.passes.upgrade_opset:UpgradeOpset",  # opsets 13-17 -> 18, before fusion
     "fuse-attention": "edgeattn.passes.fuse_attention:FuseAttention",
     "attention-body": "edgeattn.passes.attention_body:AttentionBody",
-    "lower-cached-cpu": "edgeattn.passes.cached_attention_cpu:LowerCachedAttentionForCpu",  # one ring geometry a step
     "fuse-rmsnorm-cpu": "edgeattn.passes.rmsnorm_cpu:FuseRmsNormForCpu",
     "fuse-rotary-cpu": "edgeattn.passes.rotary_cpu:FuseRotaryForCpu",
+    "lower-cached-cpu": "edgeattn.passes.cached_attention_cpu:LowerCachedAttentionForCpu",  # after fuse-rotary-cpu: reads its tables
     "logits-to-keep": "edgeattn.passes.logits_to_keep:LogitsToKeep",  # decoders: the LM head for the last positions
     "pack-matmuls-cpu": "edgeattn.passes.pack_matmuls_cpu:PackMatMulsForCpu",  # Q/K/V, gate/up: one product each
     "cleanup": "edgeattn.passes.cleanup:Cleanup",

@@ -157,3 +157,22 @@ def _tables(graph: ir.Graph, f: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]
     else:
         graph.insert_after(anchor, nodes)
     return pid, cos_cache, sin_cache
+
+
+def table_angles(node: ir.Node) -> ir.Value | None:
+    """f when `node` is a RotaryEmbedding this pass wrote: cos_cache = Reshape(Cos(f)), sin_cache = Reshape(Sin(f)),
+    position_ids = Reshape(Range(0, B*S, 1), [B, S]) (row b*S + s of the tables for query row s of stream b)."""
+    if node.op_type != "RotaryEmbedding" or node.domain != MS or len(node.inputs) != 4:
+        return None
+    reshape = node.inputs[1].producer() if node.inputs[1] is not None else None
+    rng = reshape.inputs[0].producer() if reshape is not None and reshape.op_type == "Reshape" else None
+    if rng is None or rng.op_type != "Range" or _const_ints(rng.inputs[0]) != [0] or _const_ints(rng.inputs[2]) != [1]:
+        return None
+    found = []
+    for cache, trig in ((node.inputs[2], "Cos"), (node.inputs[3], "Sin")):
+        reshape = cache.producer() if cache is not None else None
+        inner = reshape.inputs[0].producer() if reshape is not None and reshape.op_type == "Reshape" else None
+        if inner is None or inner.op_type != trig:
+            return None
+        found.append(inner.inputs[0])
+    return found[0] if found[0] is found[1] else None

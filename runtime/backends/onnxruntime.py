@@ -20,9 +20,13 @@ class OnnxRuntimeBackend:
         self.providers = providers
         self._session = None
         self._optional: list[str] | None = None
+        self._inputs: list[str] | None = None
+        self._outputs: list[str] | None = None
 
     def activate(self) -> None:
         import onnxruntime as ort
+
+        self._optional = self._inputs = self._outputs = None  # names of the session about to load
 
         options = ort.SessionOptions()
         level = ort.GraphOptimizationLevel
@@ -43,7 +47,9 @@ class OnnxRuntimeBackend:
 
     @property
     def input_names(self) -> list[str]:
-        return [i.name for i in self.session.get_inputs()]
+        if self._inputs is None:  # read once per session: infer() asks at every step
+            self._inputs = [i.name for i in self.session.get_inputs()]
+        return self._inputs
 
     @property
     def optional_input_names(self) -> list[str]:
@@ -54,7 +60,9 @@ class OnnxRuntimeBackend:
 
     @property
     def output_names(self) -> list[str]:
-        return [o.name for o in self.session.get_outputs()]
+        if self._outputs is None:
+            self._outputs = [o.name for o in self.session.get_outputs()]
+        return self._outputs
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = set(self.input_names) - set(feeds)
@@ -68,7 +76,7 @@ class OnnxRuntimeBackend:
         return dict(zip(self.output_names, outs))
 
     def deactivate(self) -> None:
-        self._session, self._optional = None, None
+        self._session, self._optional, self._inputs, self._outputs = None, None, None, None
 
     def __enter__(self) -> "OnnxRuntimeBackend":
         self.activate()

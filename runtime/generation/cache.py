@@ -38,9 +38,9 @@ class KVCache(StreamPositions):
         if streams < 1:
             raise ConfigError(f"streams: expected >= 1, found {streams}")
         self.layout = layout
-        shape = (streams, kv_heads, layout.capacity, head_dim)
-        self.keys = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.values = [np.zeros(shape, dtype=dtype) for _ in range(layers)]
+        shape = (layers, streams, kv_heads, layout.capacity, head_dim)
+        self._keys, self._values = np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)  # all layers at once
+        self.keys, self.values = list(self._keys), list(self._values)  # a view per layer
         self.positions = np.zeros(streams, dtype=np.int64)  # tokens seen by each stream
 
     @property
@@ -59,18 +59,16 @@ class KVCache(StreamPositions):
         s = presents[0].shape[2]
         if s > self.layout.window_max:
             raise ConfigError(f"a chunk of {s} tokens is longer than the ring ({self.layout.window_max} rows)")
-        if s == 1 and len(set(streams)) == len(streams):  # decode steps: one assignment per layer for all streams
+        if s == 1 and len(set(streams)) == len(streams):  # decode steps: one assignment for all layers and streams
             rows = np.asarray(streams, dtype=np.int64)
             slots = self.layout.slots(self.positions[rows])
-            for layer in range(len(self.keys)):
-                self.keys[layer][rows, :, slots] = presents[2 * layer][:, :, 0]  # [B, H_kv, D]
-                self.values[layer][rows, :, slots] = presents[2 * layer + 1][:, :, 0]
+            for buffer, new in ((self._keys, presents[0::2]), (self._values, presents[1::2])):
+                buffer[:, rows, :, slots] = np.stack([p[:, :, 0] for p in new], axis=1)  # [B, layers, H_kv, D]
             self.positions[rows] += 1
             return
         for row, stream in enumerate(streams):
             n = int(self.positions[stream])
             slots = self.layout.slots(np.arange(n, n + s))
-            for layer in range(len(self.keys)):
-                self.keys[layer][stream][:, slots] = presents[2 * layer][row]
-                self.values[layer][stream][:, slots] = presents[2 * layer + 1][row]
+            for buffer, new in ((self._keys, presents[0::2]), (self._values, presents[1::2])):
+                buffer[:, stream][:, :, slots] = np.stack([p[row] for p in new])  # [layers, H_kv, S, D]
             self.positions[stream] = n + s
