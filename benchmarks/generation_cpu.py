@@ -32,6 +32,7 @@ GEN = ROOT / "build" / "gen"
 DECODER = GEN / "smollm2_dec.onnx"
 DECODER_INT4 = GEN / "smollm2_dec_int4.onnx"
 BUNDLES = {"fp32": GEN / "smollm2_fp32.edgeattn", "int4": GEN / "smollm2_int4.edgeattn"}
+FUSED_BUNDLES = {"fp32": GEN / "smollm2_fp32_fused.edgeattn", "int4": GEN / "smollm2_int4_fused.edgeattn"}  # --cached-attention fused
 GENAI = {"fp32": GEN / "genai_fp32", "int4": GEN / "genai_int4"}
 RESULTS = ROOT / "benchmarks" / "results"
 SINKS, WINDOW_MAX = 4, 4096
@@ -63,10 +64,11 @@ def prepare(args) -> None:
         log(f"int4 weights (RTN, block 32, symmetric) -> {DECODER_INT4}")
         quantize_weights_int4(DECODER, DECODER_INT4, block=32)
     for precision, src in (("fp32", DECODER), ("int4", DECODER_INT4)):
-        if args.force or not (BUNDLES[precision] / "manifest.json").is_file():
-            log(f"edgeattn build {src.name} --target cpu -> {BUNDLES[precision]}")
-            build(src, BuildConfig(target="cpu", out=BUNDLES[precision], seq=(1, 1, 256),
-                                   dims=(("cache", (8, 68, 68)),)), progress=log)
+        for bundles, form in ((BUNDLES, "ops"), (FUSED_BUNDLES, "fused")):
+            if args.force or not (bundles[precision] / "manifest.json").is_file():
+                log(f"edgeattn build {src.name} --target cpu --cached-attention {form} -> {bundles[precision]}")
+                build(src, BuildConfig(target="cpu", out=bundles[precision], seq=(1, 1, 256),
+                                       dims=(("cache", (8, 68, 68)),), cached_attention=form), progress=log)
     if args.peers:
         prepare_genai(args.force)
 
@@ -179,11 +181,11 @@ def time_decode(step, first_token: int, n: int) -> tuple[list[float], list[int]]
     return times, tokens
 
 
-def run_ours(precision: str, ids: list[int], n: int, window: int) -> dict:
+def run_ours(precision: str, ids: list[int], n: int, window: int, bundles: dict = BUNDLES) -> dict:
     from edgeattn.runtime.generation.generator import Generator
 
     ring = len(ids) + n + 64  # the ring holds the whole context: window 0 reads it all, W reads W rows
-    with Generator.open(BUNDLES[precision], window_max=ring, threads=THREADS) as gen:
+    with Generator.open(bundles[precision], window_max=ring, threads=THREADS) as gen:
         dec = gen.model
         warm = dec.new_cache(1)
         dec.step(warm, [0], np.array([ids[:16]]), window)
@@ -272,7 +274,8 @@ def run_hf(precision: str, ids: list[int], n: int, window: int) -> dict:
             "tokens": out[0, len(ids):].tolist()}
 
 
-ENGINES = {"edgeattn": run_ours, "onnxruntime-genai": run_genai, "llama.cpp": run_llama_cpp, "hf-generate": run_hf}
+ENGINES = {"edgeattn": run_ours, "edgeattn-fused": lambda *a: run_ours(*a, bundles=FUSED_BUNDLES),
+           "onnxruntime-genai": run_genai, "llama.cpp": run_llama_cpp, "hf-generate": run_hf}
 ENGINE_MODULES = {"onnxruntime-genai": "onnxruntime_genai", "llama.cpp": "llama_cpp", "hf-generate": "transformers"}
 PRECISION_LABEL = {("llama.cpp", "int4"): "Q4_1 (GGUF)", ("hf-generate", "fp32"): "fp32 (SDPA)"}
 
@@ -280,7 +283,9 @@ PRECISION_LABEL = {("llama.cpp", "int4"): "Q4_1 (GGUF)", ("hf-generate", "fp32")
 def plan(peers: bool, short: int, long: int, window: int) -> list[tuple[str, str, int, int]]:
     """(engine, precision, context, window) rows; window 0 = the whole context."""
     rows = [("edgeattn", "fp32", short, 0), ("edgeattn", "int4", short, 0),
-            ("edgeattn", "fp32", long, 0), ("edgeattn", "int4", long, 0), ("edgeattn", "int4", long, window)]
+            ("edgeattn", "fp32", long, 0), ("edgeattn", "int4", long, 0), ("edgeattn", "int4", long, window),
+            ("edgeattn-fused", "fp32", short, 0), ("edgeattn-fused", "int4", short, 0),
+            ("edgeattn-fused", "int4", long, window)]  # --cached-attention fused: the trade-off, both ends
     if peers:
         for ctx in (short, long):
             rows += [("onnxruntime-genai", "fp32", ctx, 0), ("onnxruntime-genai", "int4", ctx, 0),

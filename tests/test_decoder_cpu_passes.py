@@ -23,6 +23,17 @@ pytestmark = requires_decoder_stack
 LAYERS = 2
 
 
+@pytest.fixture(scope="module")
+def fused_bundle(tiny_decoder, tmp_path_factory):
+    """The same export built with `--cached-attention fused` (GroupQueryAttention)."""
+    from edgeattn.bundle.build import BuildConfig, build
+
+    _, _, onnx_path, _ = tiny_decoder
+    out = tmp_path_factory.mktemp("fused") / "tiny_dec_fused.edgeattn"
+    return build(onnx_path, BuildConfig(target="cpu", out=out, seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),),
+                                        cached_attention="fused")).path
+
+
 def _feeds(sess: ort.InferenceSession, *, batch: int, seq: int, positions, window: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     feeds = {"input_ids": rng.integers(0, 1000, (batch, seq)).astype(np.int64),
@@ -40,6 +51,28 @@ def _session(path_or_model) -> ort.InferenceSession:
 
 def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
     _, _, onnx_path, bundle_path = tiny_decoder
+    manifest = json.loads((bundle_path / "manifest.json").read_text())
+    passes = {p["name"]: p for p in manifest["sections"]["passes"]} if isinstance(manifest["sections"]["passes"], list) \
+        else manifest["sections"]["passes"]
+    assert passes["lower-cached-cpu"]["details"]["lowered"] == LAYERS
+    assert passes["lower-cached-cpu"]["details"]["geometries"] == 1
+    assert passes["fuse-rmsnorm-cpu"]["details"]["fused"] == 2 * LAYERS + 1
+    assert passes["fuse-rotary-cpu"]["details"]["fused"] == 3 * LAYERS  # query at t, query for the sinks, key
+    assert passes["fuse-rotary-cpu"]["details"]["tables"] == 2  # positions t, sink positions min(t, sinks + W)
+    assert passes["fuse-rmsnorm-cpu"]["details"]["with_residual"] == 2 * LAYERS  # all but the first norm
+    assert passes["pack-matmuls-cpu"]["details"] == {"packed": 2 * LAYERS, "projections": 5 * LAYERS,
+                                                     "into_attention": 0}  # QKV, gate/up
+    assert passes["logits-to-keep"]["details"]["added"]
+    ops = collections.Counter(n.op_type for n in onnx.load(str(bundle_path / "model.ort.onnx")).graph.node)
+    assert ops["SimplifiedLayerNormalization"] == 1 and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    assert ops["MatMul"] + ops["FusedMatMul"] == 4 * LAYERS + 1 + 5 * LAYERS  # QKV, o, gate/up, down, LM head; attention: 3 scores, 2 sums
+    assert ops["RotaryEmbedding"] == 3 * LAYERS and ops["Pow"] == 0
+    assert ops["Neg"] == 1  # logits_to_keep's start; no rotate_half negation is left
+    assert sum(ops.values()) < 60 * LAYERS + 80  # ~70 shared (geometry, tables); the op body alone was 136 a layer
+
+
+def test_the_fused_form_runs_group_query_attention_and_fewer_nodes(fused_bundle):
+    bundle_path = fused_bundle
     manifest = json.loads((bundle_path / "manifest.json").read_text())
     passes = {p["name"]: p for p in manifest["sections"]["passes"]} if isinstance(manifest["sections"]["passes"], list) \
         else manifest["sections"]["passes"]
@@ -67,9 +100,11 @@ def test_the_built_decoder_runs_fused_ops_and_few_nodes(tiny_decoder):
 
 @pytest.mark.parametrize("batch, seq, positions, window", [(1, 1, [3], 0), (1, 5, [40], 0), (2, 1, [0, 70], 8),
                                                            (2, 3, [9, 200], 5)])
-def test_the_built_decoder_matches_the_export(tiny_decoder, batch, seq, positions, window):
+@pytest.mark.parametrize("form", ["ops", "fused"])
+def test_the_built_decoder_matches_the_export(tiny_decoder, fused_bundle, batch, seq, positions, window, form):
     """Positions past the ring (70, 200 > sinks + W_max) and beyond max_position_embeddings are not special."""
     _, _, onnx_path, bundle_path = tiny_decoder
+    bundle_path = fused_bundle if form == "fused" else bundle_path
     want_sess, got_sess = _session(str(onnx_path)), _session(str(bundle_path / "model.ort.onnx"))
     feeds = _feeds(want_sess, batch=batch, seq=seq, positions=positions, window=window)
     wants = want_sess.run(None, feeds)
@@ -80,15 +115,17 @@ def test_the_built_decoder_matches_the_export(tiny_decoder, batch, seq, position
     np.testing.assert_allclose(last, wants[0][:, -1:], atol=2e-4, rtol=1e-4)
 
 
-def test_a_stream_past_the_ring_matches_the_body_chunk_by_chunk(tiny_decoder):
-    """The cpu form (GroupQueryAttention over the gathered ring rows, the sink keys rotated per query row) against
-    the export, which runs the op's own ONNX body: two streams at different positions in one batch, the host
+@pytest.mark.parametrize("form", ["ops", "fused"])
+def test_a_stream_past_the_ring_matches_the_body_chunk_by_chunk(tiny_decoder, fused_bundle, form):
+    """Both cpu forms (plain ops; GroupQueryAttention over the gathered ring rows with the sink keys rotated per
+    query row) against the export, which runs the op's own ONNX body: two streams at different positions in one batch, the host
     writing each one's ring as it goes, chunks of 1 to 7 tokens, the window changed on the way, positions three
     times past sinks + W_max."""
     from edgeattn.attention.ring import RingLayout
     from edgeattn.runtime.generation.cache import KVCache
 
     _, _, onnx_path, bundle_path = tiny_decoder
+    bundle_path = fused_bundle if form == "fused" else bundle_path
     want_sess, got_sess = _session(str(onnx_path)), _session(str(bundle_path / "model.ort.onnx"))
     kv = next(i for i in want_sess.get_inputs() if i.name.startswith("past_key_values"))
     presents = [o.name for o in want_sess.get_outputs() if o.name.startswith("present")]

@@ -47,10 +47,13 @@ class BuildConfig:
     name: str | None = None
     attention_body: str = "auto"  # auto | blocked | dense: the op's ONNX body (passes/attention_body.py)
     as_inference: bool = False  # a training-mode export: remove Dropout instead of refusing (passes/inference_mode.py)
+    cached_attention: str = "ops"  # ops | fused: a cpu decoder's cached attention (passes/cached_attention_cpu.py)
 
     def __post_init__(self) -> None:
         if self.attention_body not in ("auto", "blocked", "dense"):
             raise ConfigError(f"attention_body: expected auto, blocked or dense, found {self.attention_body!r}")
+        if self.cached_attention not in ("ops", "fused"):
+            raise ConfigError(f"cached_attention: expected ops or fused, found {self.cached_attention!r}")
         if self.precision not in FLOAT_PRECISIONS:
             raise ConfigError(f"precision: expected one of {', '.join(FLOAT_PRECISIONS)}, found {self.precision!r}")
         check_range(self.batch, "batch")

@@ -43,7 +43,7 @@ class LowerCachedAttentionForCpu:
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"{ctx.target.backend} runs the op as a plugin: kept",
                               {"lowered": 0})
-        lowered, geometries, kept, forms = lower_cached(model)
+        lowered, geometries, kept, forms = lower_cached(model, fused=ctx.options.get("cached_attention") == "fused")
         details = {"lowered": lowered, "geometries": geometries, "kept": kept,
                    "group_query_attention": forms["fused"], "plain": forms["plain"]}
         if not kept:
@@ -54,8 +54,9 @@ class LowerCachedAttentionForCpu:
                     for name, why in kept.items()]
         problems += [f"CachedWindowedAttention {name} lowered to plain ops, not GroupQueryAttention: {why}"
                      for name, why in forms["plain"].items()]
-        summary = (f"{lowered} cached attention layers lowered ({forms['fused']} on GroupQueryAttention), reading "
-                   f"{geometries} shared ring geometry")
+        summary = (f"{lowered} cached attention layers lowered to plain ops reading {geometries} shared ring geometry"
+                   if not forms["fused"] else f"{lowered} cached attention layers lowered ({forms['fused']} on "
+                   f"GroupQueryAttention), reading {geometries} shared ring geometry")
         return PassResult(self.name, lowered > 0, summary, details, problems)
 
 
@@ -81,17 +82,17 @@ def _dim_key(value: ir.Value, axis: int):
     return f"value:{id(value)}"  # unknown: only this value is known to have it
 
 
-def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str], dict]:
-    """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}}):
-    a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops."""
+def lower_cached(model: ir.Model, *, fused: bool = False) -> tuple[int, int, dict[str, str], dict]:
+    """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}}).
+    fused: a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops (and why)."""
     common.ShapeInferencePass()(model)
     graph = model.graph
     shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value, ir.Value]] = {}  # key -> _geometry's values
     shared_gqa: dict[tuple, dict] = {}
     rings: dict[tuple, dict] = {}
     memo: dict[tuple, tuple[ir.Value, ir.Value]] = {}
-    lowered, kept, plain, fused = 0, {}, {}, 0
-    no_gqa = gqa.unavailable()
+    lowered, kept, plain, n_fused = 0, {}, {}, 0
+    no_gqa = gqa.unavailable() if fused else None
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
         if reason:
@@ -114,7 +115,7 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str], dict]:
         c = lambda name, value: constant(graph, f"edgeattn_cached_{name}", value)  # noqa: E731
         i64 = lambda x: np.array(x, np.int64)  # noqa: E731
         key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
-        found = gqa.match(node, sinks) if no_gqa is None else no_gqa
+        found = (gqa.match(node, sinks) if no_gqa is None else no_gqa) if fused else None
         if isinstance(found, dict):
             if key not in rings:  # shapes from the query before its rotation, which the fused op does itself
                 x3 = gqa.shape_source(found["xq"], h, d)
@@ -152,9 +153,10 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str], dict]:
                 if r.op_type == "Reshape" and r.outputs[0].shape is not None and list(r.outputs[0].shape) == list(o3.shape):
                     replace_value(graph, r.outputs[0], o3)
             lowered += 1
-            fused += 1
+            n_fused += 1
             continue
-        plain[node.name or CACHED_OP_TYPE] = found
+        if fused:
+            plain[node.name or CACHED_OP_TYPE] = found
         if key not in shared:
             shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)
         rows, rows_sv, split_sv, bias = shared[key]
@@ -179,10 +181,10 @@ def lower_cached(model: ir.Model) -> tuple[int, int, dict[str, str], dict]:
         replace_value(graph, node.outputs[0], out)
         graph.remove(node, safe=True)
         lowered += 1
-    if fused:
+    if n_fused:
         common.RemoveUnusedNodesPass()(model)
         model.opset_imports.setdefault(gqa.MS, 1)
-    return lowered, len(shared) + len(shared_gqa), kept, {"fused": fused, "plain": plain}
+    return lowered, len(shared) + len(shared_gqa), kept, {"fused": n_fused, "plain": plain}
 
 
 def ring(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, seq_axis: int = 2) -> dict[str, ir.Value]:
