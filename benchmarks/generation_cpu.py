@@ -145,8 +145,9 @@ def parity(args) -> dict:
     want_tokens = out.sequences[0, len(ids):].tolist()
     want_logits = np.stack([x[0].float().numpy() for x in out.logits])  # [n, V]: the logits each token came from
     rows = {}
+    bundles = FUSED_BUNDLES if args.cached_attention == "fused" else BUNDLES
     for precision in args.precisions:
-        with Generator.open(BUNDLES[precision], window_max=len(ids) + n, threads=THREADS) as gen:
+        with Generator.open(bundles[precision], window_max=len(ids) + n, threads=THREADS) as gen:
             dec = gen.model
             cache = dec.new_cache(1)
             # window 0: the whole ring (>= the context); the logits of the last position, as generation asks
@@ -160,11 +161,11 @@ def parity(args) -> dict:
         diff = float(np.abs(got[:same] - want_logits[:same]).max()) if same else float("nan")
         rows[precision] = {"tokens_equal": tokens == want_tokens, "first_difference": None if same == n else same,
                            "max_logit_diff": diff, "compared_steps": same}
-        print(f"{precision}: {n} greedy tokens equal to HF generate: {tokens == want_tokens}"
+        print(f"{precision} ({args.cached_attention}): {n} greedy tokens equal to HF generate: {tokens == want_tokens}"
               f"{'' if same == n else f' (first difference at token {same})'}; max |logit diff| over the "
               f"{same} matching steps: {diff:.3g} (bound 1e-3)")
     result = {"machine": machine(), "versions": versions(), "prompt_tokens": len(ids), "new_tokens": n,
-              "hf_text": tok.decode(want_tokens), "rows": rows}
+              "cached_attention": args.cached_attention, "hf_text": tok.decode(want_tokens), "rows": rows}
     write_json("parity", result)
     return result
 
@@ -315,29 +316,42 @@ def speed(args) -> dict:
         path = GEN / f"prompt_{ctx}.json"
         path.write_text(json.dumps(prompt_ids(ctx)))
         prompts[ctx] = path
-    for engine, precision, ctx, window in plan(args.peers, args.short, args.long, args.window):
-        if args.engines and engine not in args.engines:
-            continue
-        row = {"engine": engine, "precision": PRECISION_LABEL.get((engine, precision), precision), "context": ctx,
-               "new_tokens": args.new_tokens, "window": window or "full"}
-        module = ENGINE_MODULES.get(engine)
-        if module and importlib.util.find_spec(module) is None:
-            row["status"] = "not installed"
-        elif engine == "onnxruntime-genai" and not (GENAI[precision] / "genai_config.json").is_file():
-            row["status"] = "not prepared (prepare --peers)"
-        else:
-            cmd = [sys.executable, __file__, "measure", "--engine", engine, "--precision", precision,
-                   "--context", str(ctx), "--window", str(window), "--new-tokens", str(args.new_tokens),
-                   "--prompt-file", str(prompts[ctx])]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode:
-                row["status"] = "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+    # every round runs every row once, in the plan's order; a row's figure is its median over the rounds, so a
+    # machine whose speed drifts during the run (a shared host) moves every row alike instead of some rows
+    planned = [p for p in plan(args.peers, args.short, args.long, args.window)
+               if not args.engines or p[0] in args.engines]
+    rounds: dict[tuple, list[dict]] = {p: [] for p in planned}
+    rows = []
+    for r in range(args.rounds):
+        for engine, precision, ctx, window in planned:
+            row = {"engine": engine, "precision": PRECISION_LABEL.get((engine, precision), precision),
+                   "context": ctx, "new_tokens": args.new_tokens, "window": window or "full"}
+            module = ENGINE_MODULES.get(engine)
+            if module and importlib.util.find_spec(module) is None:
+                row["status"] = "not installed"
+            elif engine == "onnxruntime-genai" and not (GENAI[precision] / "genai_config.json").is_file():
+                row["status"] = "not prepared (prepare --peers)"
             else:
-                row.update(json.loads(done.stdout.strip().splitlines()[-1]), status="ok")
+                cmd = [sys.executable, __file__, "measure", "--engine", engine, "--precision", precision,
+                       "--context", str(ctx), "--window", str(window), "--new-tokens", str(args.new_tokens),
+                       "--prompt-file", str(prompts[ctx])]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode:
+                    row["status"] = "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+                else:
+                    row.update(json.loads(done.stdout.strip().splitlines()[-1]), status="ok")
+            rounds[(engine, precision, ctx, window)].append(row)
+            log(f"round {r + 1}/{args.rounds} " + table_line(row))
+    for key, runs in rounds.items():
+        ok = [run for run in runs if run.get("status") == "ok"]
+        row = dict(ok[0] if ok else runs[0])
+        if ok:
+            for field in ("prefill_tok_s", "decode_tok_s"):
+                row[field] = statistics.median(run[field] for run in ok)
+                row[f"{field}_rounds"] = [run[field] for run in ok]
         rows.append(row)
-        log(table_line(row))
     result = {"machine": {**machine(), "loadavg_before": load_before}, "versions": versions(),
-              "warmup_steps": WARMUP, "rows": rows,
+              "warmup_steps": WARMUP, "rounds": args.rounds, "rows": rows,
               "prompt_sha256": {ctx: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for ctx, p in prompts.items()}}
     print(render_table(rows))
     write_json("speed", result)
@@ -391,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("parity", help="greedy tokens and logits against Hugging Face generate (fp32)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "int4"])
+    p.add_argument("--cached-attention", default="ops", choices=["ops", "fused"], help="which build of the bundles")
     p = sub.add_parser("speed", help="prefill and decode tokens/s, one table")
     p.add_argument("--peers", action="store_true", help="also onnxruntime-genai, llama.cpp and HF generate")
     p.add_argument("--engines", nargs="+", choices=list(ENGINES), help="only these rows (default: all planned)")
@@ -398,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long", type=int, default=4000)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=1, help="run every row this many times, interleaved; report medians")
     p = sub.add_parser("measure")  # one row, in its own process (used by `speed`)
     p.add_argument("--engine", choices=list(ENGINES), required=True)
     p.add_argument("--precision", choices=["fp32", "int4"], required=True)

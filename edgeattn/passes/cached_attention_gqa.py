@@ -1,23 +1,28 @@
-"""edgeattn::CachedWindowedAttention on ONNX Runtime's fused com.microsoft.GroupQueryAttention (cpu target).
+"""edgeattn::CachedWindowedAttention on ONNX Runtime's com.microsoft.GroupQueryAttention (cpu target, opt-in:
+`edgeattn build --cached-attention fused`).
 
-The plain lowering (cached_attention_cpu) runs ~30 small nodes a layer; on two CPU threads most of them are
-single-threaded and a short-context decode step spends more time in them than in attention. ONNX Runtime's
-GroupQueryAttention does the rotation of the query and key, the scores, the softmax and the weighted sum in
-one multi-threaded kernel. It reads a past that it concatenates with the chunk's keys, so the ring is given
-to it as one Gather of the live rows, in the body's order:
+The plain lowering (cached_attention_cpu) runs ~30 small nodes a layer; at a short context a decode step
+spends more time between them than in attention. GroupQueryAttention does the rotation of the query and key,
+the scores, the softmax and the weighted sum in one node. It reads a past that it extends with the chunk's
+keys, so the ring is given to it as one GatherND of the live rows, in the body's order, with S rows of room
+at the end (GroupQueryAttention then writes the chunk's keys in place instead of copying the past):
 
-    past keys   [B, H_kv, S*NS + N, D] = Gather(ring, the sink rows once per query row, then the window rows)
+    past keys   [B, H_kv, S*NS + N + S, D] = GatherND(ring, the sinks once per query row, the window rows, S spare)
     bias        [B, 1, S, S*NS + N + S]: 0 where the body's masks allow, -inf elsewhere; row s reads
                 only its own copy of the sinks
+
+The trade-off (benchmarks/cpu_attention_kernels.py): at one query row ONNX Runtime's CPU kernel is 2-3x
+slower per cached row than the MatMul/Softmax/MatMul of the plain form, so this form wins at short contexts
+and loses once the window holds a few hundred rows; hence opt-in.
 
 The sinks are the one place where the body scores with a second query rotation (at p = min(t, sinks + W),
 docs/windowed-attention.md "Cached form"). A dot product of two rotated vectors depends only on the
 difference of their angles, so scoring R(p) q against R(j) k is scoring R(t) q against R(t - p) R(j) k: each
-query row's copy of the sink keys is rotated by the angles f_t - f_p of that row (a table of B*S rows plus
-one row of zero angles that leaves the window keys as they are), and one query rotation serves every key.
-The stored keys are never re-rotated: only the gathered copy is. Every node the pass cannot see through
-(a rotation that is not RotaryEmbedding over this pass family's angle tables, heads not in the [B, S, H*D]
-layout) keeps the plain lowering, with the reason in the build report.
+query row's copy of the sink keys is rotated by the angles f_t - f_p of that row (a table of B*S rows, then
+rows of zero angles that leave the window keys as they are), and one query rotation serves every key.
+The stored keys are never re-rotated: only the gathered copy is. A node the pass cannot see through (a
+rotation that is not RotaryEmbedding over fuse-rotary-cpu's angle tables) keeps the plain lowering, with the
+reason in the build report.
 """
 
 from __future__ import annotations
