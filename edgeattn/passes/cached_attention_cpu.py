@@ -14,6 +14,10 @@ window values from one Gather, the chunk's own values). No cache rows are copied
 keys and values are never concatenated with the chunk's, only the scores are (W times smaller at a step). The result is the body's, op for op the same rule
 (tests/test_cached_attention_cpu.py checks it against the float64 oracle and the body).
 
+With `edgeattn build --cached-attention fused` a node goes instead to ONNX Runtime's GroupQueryAttention where
+it can (cached_attention_gqa: fewer nodes, a slower kernel per cached row; this pass runs after
+fuse-rotary-cpu because that form reads its angle tables).
+
 Nodes share one geometry when they read the same position and window inputs, have the same sinks, head
 layout, and caches and queries whose shapes are the same symbolic dims; others get their own (never a
 silent change of meaning). Nodes the lowering cannot take (not float32, head counts not static) keep the op
