@@ -48,6 +48,7 @@ class BuildConfig:
     attention_body: str = "auto"  # auto | blocked | dense: the op's ONNX body (passes/attention_body.py)
     as_inference: bool = False  # a training-mode export: remove Dropout instead of refusing (passes/inference_mode.py)
     cached_attention: str = "ops"  # ops | fused: a cpu decoder's cached attention (passes/cached_attention_cpu.py)
+    fast_path: bool = True  # cpu decoders: also the linear form, for streams still inside their window (LINEAR_NAME)
 
     def __post_init__(self) -> None:
         if self.attention_body not in ("auto", "blocked", "dense"):
@@ -131,6 +132,13 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         from edgeattn.decoder.metadata import write_bundle_files  # decoders: tokenizer and cache geometry
 
         decoder_files, decoder = write_bundle_files({p.key: p.value for p in source.metadata_props}, staging)
+        linear = _linear_form(source, config, ctx, results, staging, progress) if decoder else None
+        if linear:
+            decoder["linear_parity"] = (_linear_parity(staging, artifact.artifact, decoder, config, quantized)
+                                        if config.parity else {"status": "skipped", "reason": "disabled (--no-parity)"})
+            progress("linear form parity: " + _parity_line(decoder["linear_parity"]))
+            decoder["linear_model"] = LINEAR_NAME
+            decoder_files.append(LINEAR_NAME)
         problems = [p for r in results for p in r.problems] + artifact.problems
         if config.strict and problems:
             raise StrictModeError(f"--strict: {len(problems)} problem(s), first: {problems[0]}")
@@ -159,6 +167,86 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
                             + artifact.details.get("extra_files", []) + decoder_files)
         (staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
     return open_bundle(out)
+
+
+LINEAR_NAME = "model.linear.onnx"
+
+
+def _linear_form(source: onnx.ModelProto, config: BuildConfig, ctx: PassContext, results: list[PassResult],
+                 staging: Path, progress: Progress) -> dict | None:
+    """A cpu decoder's second graph: the same passes with the cached attention as GroupQueryAttention over the
+    cache buffers themselves (cached_attention_gqa.emit_linear). The runtime runs it, with the present outputs
+    bound to the cache's memory, for the steps of streams that have not left their window (no ring wrap and
+    t <= sinks + W: plain causal attention), and the ring graph for every other step. Written only when every
+    layer took that form."""
+    lowering = next((r for r in results if r.name == "lower-cached-cpu"), None)
+    if not config.fast_path or lowering is None or not lowering.details.get("lowered"):
+        return None
+    options = {**ctx.options, "cached_attention": "linear"}
+    linear, linear_results = _run_passes(source, config.passes, PassContext(ctx.target, options), lambda m: None)
+    done = next(r for r in linear_results if r.name == "lower-cached-cpu").details
+    if done.get("group_query_attention") != lowering.details["lowered"]:
+        progress(f"linear form: not written ({done.get('plain') or done.get('kept')})")
+        return None
+    from edgeattn.decoder.metadata import LOGITS_TO_KEEP
+
+    kept = [t for t in linear.graph.initializer if t.name != LOGITS_TO_KEEP]  # an input the runtime always binds
+    del linear.graph.initializer[:]
+    linear.graph.initializer.extend(kept)
+    onnx.save(linear, str(staging / LINEAR_NAME))
+    progress(f"linear form: {LINEAR_NAME} ({done['group_query_attention']} layers on GroupQueryAttention)")
+    return done
+
+
+def _linear_parity(staging: Path, artifact: str, decoder: dict, config: BuildConfig, quantized: bool) -> dict:
+    """The linear form against the ring artifact: a 6-token chunk at position 0 then one token, both from empty
+    caches, every position's logits (the linear form's present outputs bound to the cache's memory)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgeattn.decoder.metadata import LOGITS_TO_KEEP, past_names, present_names
+
+    layers, kv, d = int(decoder["layers"]), int(decoder["kv_heads"]), int(decoder["head_dim"])
+    capacity = int(decoder["sinks"]) + 16
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    ring = ort.InferenceSession(str(staging / artifact), options, providers=["CPUExecutionProvider"])
+    linear = ort.InferenceSession(str(staging / LINEAR_NAME), options, providers=["CPUExecutionProvider"])
+    ring_names = {i.name for i in ring.get_inputs()}
+    caches = [np.zeros((1, kv, capacity, d), np.float32) for _ in range(2 * layers)]
+    io = linear.io_binding()
+    held = [ort.OrtValue.ortvalue_from_numpy(c) for c in caches]
+    for past, present, value in zip(past_names(layers), present_names(layers), held):
+        io.bind_ortvalue_input(past, value)
+        io.bind_ortvalue_output(present, value)
+    rng = np.random.default_rng(0)
+    worst, largest, position = 0.0, 0.0, 0
+    ring_caches = [np.zeros_like(c) for c in caches]
+    for chunk in (6, 1):
+        ids = rng.integers(0, int(decoder["vocab_size"]), (1, chunk)).astype(np.int64)
+        feeds = {"input_ids": ids, "cache_position": np.array([position], np.int64),
+                 "attention_window": np.array(0, np.int64)}
+        outs = dict(zip([o.name for o in ring.get_outputs()],
+                        ring.run(None, {**{k: v for k, v in feeds.items() if k in ring_names},
+                                        **dict(zip(past_names(layers), ring_caches))})))
+        for name, buf in zip(present_names(layers), ring_caches):  # the ring's new rows (no wrap here)
+            buf[:, :, position:position + chunk] = outs[name]
+        for name, value in feeds.items():
+            io.bind_cpu_input(name, value)
+        io.bind_cpu_input(LOGITS_TO_KEEP, np.array(0, np.int64))
+        io.bind_output("logits")
+        linear.run_with_iobinding(io)
+        got = io.get_outputs()[-1].numpy()
+        worst = max(worst, float(np.abs(got - outs["logits"]).max()))
+        largest = max(largest, float(np.abs(outs["logits"]).max()))
+        position += chunk
+    tolerance, basis = _tolerance(config, quantized, largest)
+    result = {"max_abs_diff": worst, "reference_max_abs": largest, "tolerance": tolerance, "tolerance_basis": basis,
+              "status": "pass" if worst <= tolerance else "fail"}
+    if worst > tolerance:
+        raise BuildError(f"the linear form differs from {artifact} by {worst:.3g} (max abs), expected <= "
+                         f"{tolerance:.3g} ({basis}); build with --no-fast-path to leave it out")
+    return result
 
 
 def _name_from(model_path: Path) -> str:

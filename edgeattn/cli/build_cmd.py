@@ -32,10 +32,12 @@ from edgeattn.targets import TARGETS
               help="cpu decoders: the cached attention as plain ops (fastest once the window holds a few hundred "
                    "tokens), or fused into ONNX Runtime's GroupQueryAttention (fewer nodes: faster steps at short "
                    "contexts, slower attention at long ones).")
+@click.option("--no-fast-path", is_flag=True, help="cpu decoders: leave out the linear form (model.linear.onnx) "
+              "that runs streams still inside their window without the ring; halves the model's memory.")
 @click.option("--as-inference", is_flag=True, help="Build a model exported in training mode as inference: Dropout "
               "removed, BatchNormalization on running statistics [default: refuse such a model].")
 def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name, attention_body,
-          cached_attention, as_inference):
+          cached_attention, no_fast_path, as_inference):
     """Build a deployable bundle from MODEL (an .onnx file).
 
     Validates the model, runs the graph passes (attention fusion and checks), builds the engine or
@@ -50,7 +52,8 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
     console = Console(stderr=True)
     config = BuildConfig(target=target, out=out, precision=precision, batch=batch, seq=seq, dims=tuple(dims),
                          strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name,
-                         attention_body=attention_body, cached_attention=cached_attention, as_inference=as_inference)
+                         attention_body=attention_body, cached_attention=cached_attention,
+                         fast_path=not no_fast_path, as_inference=as_inference)
     with console.status("building") as status:
         bundle = run_build(model, config, progress=lambda msg: (status.update(msg), console.print(f"[dim]{msg}[/]")))
     m = bundle.manifest

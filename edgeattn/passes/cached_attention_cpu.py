@@ -47,7 +47,7 @@ class LowerCachedAttentionForCpu:
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"{ctx.target.backend} runs the op as a plugin: kept",
                               {"lowered": 0})
-        lowered, geometries, kept, forms = lower_cached(model, fused=ctx.options.get("cached_attention") == "fused")
+        lowered, geometries, kept, forms = lower_cached(model, form=ctx.options.get("cached_attention") or "ops")
         details = {"lowered": lowered, "geometries": geometries, "kept": kept,
                    "group_query_attention": forms["fused"], "plain": forms["plain"]}
         if not kept:
@@ -86,9 +86,12 @@ def _dim_key(value: ir.Value, axis: int):
     return f"value:{id(value)}"  # unknown: only this value is known to have it
 
 
-def lower_cached(model: ir.Model, *, fused: bool = False) -> tuple[int, int, dict[str, str], dict]:
+def lower_cached(model: ir.Model, *, form: str = "ops") -> tuple[int, int, dict[str, str], dict]:
     """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}}).
-    fused: a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops (and why)."""
+    form "fused": a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops (and
+    why); "linear": to GroupQueryAttention over the cache buffers themselves (cached_attention_gqa.emit_linear;
+    the runtime's fast path for streams that have not left their window), else plain ops (and why)."""
+    fused, linear = form == "fused", form == "linear"
     common.ShapeInferencePass()(model)
     graph = model.graph
     shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value, ir.Value]] = {}  # key -> _geometry's values
@@ -96,7 +99,7 @@ def lower_cached(model: ir.Model, *, fused: bool = False) -> tuple[int, int, dic
     rings: dict[tuple, dict] = {}
     memo: dict[tuple, tuple[ir.Value, ir.Value]] = {}
     lowered, kept, plain, n_fused = 0, {}, {}, 0
-    no_gqa = gqa.unavailable() if fused else None
+    no_gqa = gqa.unavailable() if fused or linear else None
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
         if reason:
@@ -119,8 +122,24 @@ def lower_cached(model: ir.Model, *, fused: bool = False) -> tuple[int, int, dic
         c = lambda name, value: constant(graph, f"edgeattn_cached_{name}", value)  # noqa: E731
         i64 = lambda x: np.array(x, np.int64)  # noqa: E731
         key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
-        found = (gqa.match(node, sinks) if no_gqa is None else no_gqa) if fused else None
-        if isinstance(found, dict):
+        found = (gqa.match(node, 0 if linear else sinks) if no_gqa is None else no_gqa) if fused or linear else None
+        if isinstance(found, dict) and linear:  # no sink rotation: while t <= sinks + W the second one is t itself
+            if key not in shared_gqa:
+                x3 = gqa.shape_source(found["xq"], h, d)
+                if x3 is None:
+                    x3 = op("Reshape", op("Transpose", found["xq"], perm=[0, 2, 1, 3]),
+                            c(f"bsh_{h * d}", i64([0, 0, h * d])))
+                shared_gqa[key] = gqa.linear_geometry(op, c, i64, x3, position)
+            geo = shared_gqa[key]
+
+            def padded(kind, a, b):
+                memo_key = (kind, id(a), id(b), key)
+                if memo_key not in memo:
+                    memo[memo_key] = (op("Pad", a, geo["rotary_pads"]), op("Pad", b, geo["rotary_pads"]))
+                return memo[memo_key]
+
+            out, k_all, v_all = gqa.emit_linear(op, c, i64, node, found, geo, padded, h=h, hkv=hkv, d=d, scale=scale)
+        elif isinstance(found, dict):
             if key not in rings:  # shapes from the query before its rotation, which the fused op does itself
                 x3 = gqa.shape_source(found["xq"], h, d)
                 rings[key] = ring(op, c, i64, x3 if x3 is not None else found["xq"], pk, position, window,
@@ -138,9 +157,12 @@ def lower_cached(model: ir.Model, *, fused: bool = False) -> tuple[int, int, dic
 
             out, k_new, v_new = gqa.emit(op, c, i64, node, found, geo, tables, sinks=sinks, h=h, hkv=hkv, d=d,
                                          scale=scale)
-            graph.insert_before(node, new)
             for old, value in ((k, k_new), (v, v_new)):
                 value.shape, value.dtype = old.shape, old.dtype
+        if isinstance(found, dict):
+            if linear:
+                k_new, v_new = k_all, v_all
+            graph.insert_before(node, new)
             out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
             bsnh = out.producer().inputs[0]
             replace_value(graph, node.outputs[0], out)
@@ -159,7 +181,7 @@ def lower_cached(model: ir.Model, *, fused: bool = False) -> tuple[int, int, dic
             lowered += 1
             n_fused += 1
             continue
-        if fused:
+        if fused or linear:
             plain[node.name or CACHED_OP_TYPE] = found
         if key not in shared:
             shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)

@@ -170,6 +170,53 @@ def geometry(op, c, i64, geo: dict, *, sinks: int, hkv: int) -> dict[str, ir.Val
     return out
 
 
+def _bsh(op, c, i64, x4: ir.Value, heads: int, *, d: int) -> ir.Value:
+    """[B, S, heads*D] from x4 [B, heads, S, D]: its source when it was made by Reshape + Transpose."""
+    x3 = bsnh_source(x4, heads, d)
+    return x3 if x3 is not None else op("Reshape", op("Transpose", x4, perm=[0, 2, 1, 3]),
+                                        c(f"bsh_{heads * d}", i64([0, 0, heads * d])))
+
+
+def linear_geometry(op, c, i64, x3: ir.Value, position: ir.Value) -> dict[str, ir.Value]:
+    """For the linear form: GroupQueryAttention's lengths from the stream positions, each stream's keys at
+    rows [0, position + S) of its buffer (valid while no stream has left its window: no ring wrap)."""
+    axes0 = c("axes0", i64([0]))
+    pos = op("Cast", position, to=ir.DataType.INT64)  # [B]
+    bsz_1d = op("Shape", x3, start=0, end=1)
+    sq = op("Reshape", op("Shape", x3, start=1, end=2), c("scalar_shape", i64([])))
+    total = op("Add", op("ReduceMax", pos, keepdims=0), sq)
+    return {
+        "seqlens": op("Cast", op("Sub", op("Add", pos, sq), c("i1", i64(1))), to=ir.DataType.INT32),  # [B]
+        "total": op("Cast", total, to=ir.DataType.INT32),
+        "query_seqlens": op("Cast", op("Expand", sq, bsz_1d), to=ir.DataType.INT32),
+        "rotary_pads": op("Concat", c("i00_2", i64([0, 0])), op("Unsqueeze", total, axes0), c("i0_1", i64([0])),
+                          axis=0),
+    }
+
+
+def emit_linear(op, c, i64, node: ir.Node, found: dict, shared: dict, tables, *, h: int, hkv: int, d: int,
+                scale: float) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """The linear form of one node: GroupQueryAttention reading and extending the cache buffers themselves
+    (run with the present outputs bound to the past inputs' memory, it writes the chunk's keys in place).
+    Returns (its [B, H, S, D] output, the whole key buffer, the whole value buffer)."""
+    v, pk, pv = node.inputs[3], node.inputs[4], node.inputs[5]
+    bsnh = functools.partial(_bsh, op, c, i64, d=d)
+    cos, sin = tables("padded", found["cos"], found["sin"])
+    o3, present_k, present_v = op(
+        "GroupQueryAttention", bsnh(found["xq"], h), bsnh(found["xk"], hkv), bsnh(v, hkv), pk, pv,
+        shared["seqlens"], shared["total"], cos, sin, found["pid"], None, None, None, None, None, None,
+        shared["query_seqlens"], outputs=3, num_heads=h, kv_num_heads=hkv, scale=scale, do_rotary=1,
+        rotary_interleaved=0, _domain=MS)  # presents: the buffers, [B, H_kv, C, D]
+    o4 = op("Reshape", o3, c(f"heads_bsnh_{h}_{d}", i64([0, 0, h, d])))  # [B, S, H, D]
+    out = op("Transpose", o4, perm=[0, 2, 1, 3])  # [B, H, S, D]
+    q = node.inputs[0]
+    o3.shape, o3.dtype = ir.Shape([q.shape[0], q.shape[2], h * d]), q.dtype
+    o4.shape, o4.dtype = ir.Shape([q.shape[0], q.shape[2], h, d]), q.dtype
+    for present, past in ((present_k, pk), (present_v, pv)):
+        present.shape, present.dtype = past.shape, past.dtype
+    return out, present_k, present_v
+
+
 def offset_tables(op, c, i64, f_t: ir.Value, f_p: ir.Value, pads: ir.Value) -> tuple[ir.Value, ir.Value]:
     """cos / sin [B*S + S*NS + N, D/2] of the angles f_t - f_p of each query row, then rows of zero angles
     (RotaryEmbedding wants at least as many rows as the keys it rotates)."""
@@ -184,11 +231,7 @@ def emit(op, c, i64, node: ir.Node, found: dict, shared: dict, tables, *, sinks:
     each [B, H(_kv), S, D] like the values the node read."""
     v, pk, pv = node.inputs[3], node.inputs[4], node.inputs[5]
     perm = [0, 2, 1, 3]
-
-    def bsnh(x4: ir.Value, heads: int) -> ir.Value:
-        x3 = bsnh_source(x4, heads, d)
-        return x3 if x3 is not None else op("Reshape", op("Transpose", x4, perm=perm),
-                                            c(f"bsh_{heads * d}", i64([0, 0, heads * d])))
+    bsnh = functools.partial(_bsh, op, c, i64, d=d)
 
     past_k = op("GatherND", pk, shared["slots"], batch_dims=2)  # [B, H_kv, S*NS + N + S, D]
     if sinks:

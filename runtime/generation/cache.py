@@ -42,6 +42,15 @@ class KVCache(StreamPositions):
         self._keys, self._values = np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)  # all layers at once
         self.keys, self.values = list(self._keys), list(self._values)  # a view per layer
         self.positions = np.zeros(streams, dtype=np.int64)  # tokens seen by each stream
+        self.bindings: dict = {}  # a runtime's handles on these buffers (the linear path's IO bindings)
+
+    def __deepcopy__(self, memo) -> "KVCache":
+        """A copy of the buffers and positions (the layer lists are views of the copies; no runtime bindings)."""
+        other = object.__new__(KVCache)
+        other.layout, other.positions, other.bindings = self.layout, self.positions.copy(), {}
+        other._keys, other._values = self._keys.copy(), self._values.copy()
+        other.keys, other.values = list(other._keys), list(other._values)
+        return other
 
     @property
     def nbytes(self) -> int:

@@ -14,6 +14,7 @@ from edgeattn.attention.ring import RingLayout
 from edgeattn.decoder.metadata import GENERATION_FILE, LOGITS_TO_KEEP, TOKENIZER_FILE, past_names, present_names
 from edgeattn.errors import BundleError, ConfigError, InputError
 from edgeattn.runtime.generation.cache import KVCache
+from edgeattn.runtime.generation.linear_path import eligible
 from edgeattn.runtime.generation.text import TextCodec
 
 
@@ -38,6 +39,8 @@ class DecoderModel:
         self._past, self._present = past_names(self.layers), present_names(self.layers)
         self.backend = None
         self._keeps_logits = False
+        self._linear = None  # the bundle's linear model (linear_path), opened at the first step that can use it
+        self.fast_path = bool(info.get("linear_model"))
 
     def activate(self) -> "DecoderModel":
         from edgeattn.runtime.backends import open_backend
@@ -53,6 +56,15 @@ class DecoderModel:
         if self.backend is not None:
             self.backend.deactivate()
             self.backend = None
+        self._linear = None
+
+    def _linear_path(self):
+        if self._linear is None:
+            from edgeattn.runtime.generation.linear_path import LinearPath
+
+            self._linear = LinearPath(self.bundle.file(self.info["linear_model"]), threads=self.threads,
+                                      past=self._past, present=self._present)
+        return self._linear
 
     def new_cache(self, streams: int = 1) -> KVCache:
         return KVCache(layers=self.layers, kv_heads=int(self.info["kv_heads"]), head_dim=int(self.info["head_dim"]),
@@ -91,6 +103,11 @@ class DecoderModel:
             raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
         consecutive = list(streams) == list(range(streams[0], streams[0] + len(streams)))
         index = slice(streams[0], streams[0] + len(streams)) if consecutive else np.asarray(streams)
+        window = self.check_window(window)
+        if self.fast_path and consecutive and eligible(self.layout.sinks, self.layout.window_max,
+                                                       cache.positions[index], ids.shape[1], window):
+            logits = self._linear_path().step(cache, streams[0], ids, window, last_only)
+            return logits[:, -1:] if last_only else logits
         feeds = {"input_ids": ids, "cache_position": cache.positions[index].copy(),
                  "attention_window": np.array(self.check_window(window), dtype=np.int64)}
         feeds.update(zip(self._past, cache.past(index)))

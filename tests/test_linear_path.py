@@ -1,0 +1,77 @@
+"""The fast path of a cpu decoder bundle (runtime/generation/linear_path.py): the linear form runs the steps of
+streams still inside their window with GroupQueryAttention writing the cache buffers in place; every other
+step runs the ring graph. Checked against the ring graph alone over a two-stream run that crosses from one to
+the other and back, and the build's switch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_decoder  # noqa: F401
+from edgeattn.runtime.generation.linear_path import eligible
+
+pytestmark = requires_decoder_stack
+
+
+@pytest.mark.parametrize("positions, chunk, window, want", [
+    ([0], 5, 0, True), ([SINKS + WINDOW_MAX - 1], 1, 0, True), ([SINKS + WINDOW_MAX - 1], 2, 0, False),
+    ([10, 3], 1, 8, True), ([11, 3], 2, 8, False), ([SINKS + 8], 1, 8, False), ([0], 1, WINDOW_MAX + 9, True)])
+def test_a_step_is_eligible_while_every_stream_is_inside_its_window(positions, chunk, window, want):
+    assert eligible(SINKS, WINDOW_MAX, np.array(positions), chunk, window) is want
+
+
+def test_the_fast_path_gives_the_ring_graphs_logits_and_cache(tiny_decoder):
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+
+    _, _, _, bundle_path = tiny_decoder
+    bundle = open_bundle(bundle_path)
+    assert bundle.manifest.sections["decoder"]["linear_model"] == "model.linear.onnx"
+    assert bundle.manifest.sections["decoder"]["linear_parity"]["status"] == "pass"
+    fast, ring = DecoderModel(bundle).activate(), DecoderModel(bundle).activate()
+    ring.fast_path = False
+    caches = [fast.new_cache(2), ring.new_cache(2)]
+    rng = np.random.default_rng(1)
+    paths = []
+    for chunk, window in [(5, 0), (1, 0), (7, 0), (1, 0), (3, 20), (1, 20), (2, 0)] * 6:
+        ids = rng.integers(0, 1000, (2, chunk))
+        paths.append(eligible(SINKS, WINDOW_MAX, caches[0].positions, chunk, window))
+        last_only = chunk > 1
+        got = fast.step(caches[0], [0, 1], ids, window, last_only=last_only)
+        want = ring.step(caches[1], [0, 1], ids, window, last_only=last_only)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert paths[0] and not paths[-1] and sum(paths) > 5  # both paths ran, and back to fast after a small window
+    assert any(a and not b for a, b in zip(paths, paths[1:])) and any(b and not a for a, b in zip(paths, paths[1:]))
+    assert caches[0].bindings and not caches[1].bindings  # the linear form really ran, on the first cache only
+    np.testing.assert_array_equal(caches[0].positions, caches[1].positions)
+    for a, b in zip(caches[0].keys + caches[0].values, caches[1].keys + caches[1].values):
+        np.testing.assert_allclose(a, b, atol=1e-5)  # the op wrote the same rows the host writes for the ring
+
+
+def test_streams_that_are_not_consecutive_take_the_ring_graph(tiny_decoder):
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+
+    _, _, _, bundle_path = tiny_decoder
+    model = DecoderModel(open_bundle(bundle_path)).activate()
+    cache = model.new_cache(3)
+    ids = np.array([[5, 6], [7, 8]])
+    model.step(cache, [0, 2], ids, 0)
+    assert model._linear is None and cache.positions.tolist() == [2, 0, 2]
+    model.step(cache, [0, 1], ids, 0)
+    assert model._linear is not None and cache.positions.tolist() == [4, 2, 2]
+
+
+def test_a_build_without_the_fast_path(tiny_decoder, tmp_path):
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+
+    _, _, onnx_path, _ = tiny_decoder
+    bundle = build(onnx_path, BuildConfig(target="cpu", out=tmp_path / "b.edgeattn", seq=(1, 1, 32),
+                                          dims=(("cache", (8, 52, 52)),), fast_path=False))
+    manifest = json.loads((bundle.path / "manifest.json").read_text())
+    assert "linear_model" not in manifest["sections"]["decoder"] and not (bundle.path / "model.linear.onnx").exists()
+    assert not DecoderModel(bundle).fast_path
