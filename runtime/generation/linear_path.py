@@ -33,6 +33,9 @@ class LinearPath:
         self.inputs = {i.name for i in self.session.get_inputs()} | \
             {i.name for i in self.session.get_overridable_initializers()}
         self.past, self.present = past, present
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        self._logits_dim = logits.shape[-1] if logits.type == "tensor(float)" and isinstance(logits.shape[-1], int) \
+            else None  # float32 logits of a known width: written into an array of ours (no output wrapping)
 
     def _binding(self, cache, first: int, count: int):
         """One IO binding per (cache, streams): the buffers' memory bound once as past inputs and present outputs."""
@@ -63,8 +66,15 @@ class LinearPath:
             io.bind_cpu_input("attention_window", np.array(window, dtype=np.int64))
         if LOGITS_TO_KEEP in self.inputs:
             io.bind_cpu_input(LOGITS_TO_KEEP, np.array(1 if last_only else 0, dtype=np.int64))
-        io.bind_output("logits")  # binding the name again replaces it (it stays after the buffers)
-        self.session.run_with_iobinding(io)
-        logits = io.get_outputs()[-1].numpy()
+        if self._logits_dim is None:
+            io.bind_output("logits")  # binding the name again replaces it (it stays after the buffers)
+            self.session.run_with_iobinding(io)
+            logits = io.get_outputs()[-1].numpy()
+        else:
+            import onnxruntime as ort
+
+            logits = np.empty((count, 1 if last_only else ids.shape[1], self._logits_dim), np.float32)
+            io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+            self.session.run_with_iobinding(io)
         cache.positions[first:first + count] += ids.shape[1]
         return logits
