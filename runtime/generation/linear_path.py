@@ -73,7 +73,8 @@ class LinearPath:
         else:
             import onnxruntime as ort
 
-            logits = np.empty((count, 1 if last_only else ids.shape[1], self._logits_dim), np.float32)
+            rows = 1 if last_only and LOGITS_TO_KEEP in self.inputs else ids.shape[1]  # what the graph returns
+            logits = np.empty((count, rows, self._logits_dim), np.float32)
             io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
             self.session.run_with_iobinding(io)
         cache.positions[first:first + count] += ids.shape[1]
