@@ -43,6 +43,8 @@ class LinearPath:
 
         key = (id(self), first, count)
         if key not in cache.bindings:
+            for stale in [k for k in cache.bindings if k[0] != id(self)]:  # a session closed since (reactivated)
+                del cache.bindings[stale]
             io = self.session.io_binding()
             held = []
             buffers = []
