@@ -219,6 +219,14 @@ def test_bad_input_is_a_clear_error(tiny_decoder, tiny_onnx, tmp_path, runner):
     with pytest.raises(InputError, match="empty prompt"):
         with Generator.open(path) as gen:
             gen.generate("", GenerationConfig(max_tokens=2))
+    with Generator.open(path) as gen:
+        model, cache = gen.model, gen.model.new_cache(1)
+        for ids, found in (([[model.vocab_size]], f"{model.vocab_size}..{model.vocab_size}"), ([[3, -1, 5]], "-1..5")):
+            with pytest.raises(InputError, match=f"expected 0 to {model.vocab_size - 1}, found {found}"):
+                model.step(cache, [0], np.array(ids), 0)
+        with pytest.raises(InputError, match="streams: expected at least one"):
+            model.step(cache, [], np.zeros((0, 1), np.int64), 0)
+        assert cache.positions.tolist() == [0]  # nothing ran
 
 
 def test_cli_generates_and_streams(tiny_decoder, runner):

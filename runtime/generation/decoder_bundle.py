@@ -94,14 +94,17 @@ class DecoderModel:
         `logits-to-keep` input then runs its LM head for that position alone."""
         if self.backend is None:
             raise BundleError("decoder is not active: call activate() first")
+        if not len(streams):
+            raise InputError("streams: expected at least one stream of the cache, found none")
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 2 or ids.shape[0] != len(streams) or ids.shape[1] < 1:
             raise InputError(f"ids: expected [{len(streams)}, S >= 1], found {list(ids.shape)}")
         if ids.shape[1] > self.layout.window_max:
             raise InputError(f"a chunk of {ids.shape[1]} tokens: expected at most the ring's {self.layout.window_max}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
-        consecutive = list(streams) == list(range(streams[0], streams[0] + len(streams)))
+        low, high = (int(ids[0, 0]),) * 2 if ids.size == 1 else (int(ids.min()), int(ids.max()))  # a decode step: one id
+        if low < 0 or high >= self.vocab_size:
+            raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {low}..{high}")
+        consecutive = len(streams) == 1 or list(streams) == list(range(streams[0], streams[0] + len(streams)))
         index = slice(streams[0], streams[0] + len(streams)) if consecutive else np.asarray(streams)
         window = self.check_window(window)
         if self.fast_path and consecutive and eligible(self.layout.sinks, self.layout.window_max,

@@ -37,8 +37,8 @@ class LinearPath:
         self._logits_dim = logits.shape[-1] if logits.type == "tensor(float)" and isinstance(logits.shape[-1], int) \
             else None  # float32 logits of a known width: written into an array of ours (no output wrapping)
 
-    def _binding(self, cache, first: int, count: int):
-        """One IO binding per (cache, streams): the buffers' memory bound once as past inputs and present outputs."""
+    def _binding(self, cache, first: int, count: int) -> "_Binding":
+        """One binding per (cache, streams): the buffers' memory bound once as past inputs and present outputs."""
         import onnxruntime as ort
 
         key = (id(self), first, count)
@@ -55,29 +55,65 @@ class LinearPath:
                 io.bind_ortvalue_input(past, value)
                 io.bind_ortvalue_output(present, value)
                 held.append(value)
-            cache.bindings[key] = (io, held)
-        return cache.bindings[key][0]
+            cache.bindings[key] = _Binding(io, held, count, self.inputs)
+        return cache.bindings[key]
 
     def step(self, cache, first: int, ids: np.ndarray, window: int, last_only: bool) -> np.ndarray:
         """ids [n, S] for streams first .. first + n - 1 -> logits; their buffers are written in place."""
-        count = ids.shape[0]
-        io = self._binding(cache, first, count)
-        io.bind_cpu_input("input_ids", ids)
-        io.bind_cpu_input("cache_position", cache.positions[first:first + count].copy())
-        if "attention_window" in self.inputs:
-            io.bind_cpu_input("attention_window", np.array(window, dtype=np.int64))
-        if LOGITS_TO_KEEP in self.inputs:
-            io.bind_cpu_input(LOGITS_TO_KEEP, np.array(1 if last_only else 0, dtype=np.int64))
-        if self._logits_dim is None:
-            io.bind_output("logits")  # binding the name again replaces it (it stays after the buffers)
-            self.session.run_with_iobinding(io)
-            logits = io.get_outputs()[-1].numpy()
-        else:
-            import onnxruntime as ort
+        count, chunk = ids.shape
+        binding = self._binding(cache, first, count)
+        rows = 1 if last_only and LOGITS_TO_KEEP in self.inputs else chunk  # the logits rows the graph returns
+        binding.bind_chunk(chunk, rows, self._logits_dim)
+        binding.ids[...] = ids
+        binding.positions[...] = cache.positions[first:first + count]
+        binding.window[...] = window
+        binding.keep[...] = 1 if last_only else 0
+        self.session.run_with_iobinding(binding.io)
+        cache.positions[first:first + count] += chunk
+        if binding.logits is None:
+            return binding.io.get_outputs()[-1].numpy()  # bound by name: a new array every run
+        return binding.logits.copy()  # the bound array is written again by the next step: the caller gets its own
 
-            rows = 1 if last_only and LOGITS_TO_KEEP in self.inputs else ids.shape[1]  # what the graph returns
-            logits = np.empty((count, rows, self._logits_dim), np.float32)
-            io.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
-            self.session.run_with_iobinding(io)
-        cache.positions[first:first + count] += ids.shape[1]
-        return logits
+
+class _Binding:
+    """What one (cache, streams) pair keeps bound: the cache buffers as past inputs and present outputs, and
+    small arrays of ours as the other inputs and the logits output, bound once; a step writes into them in
+    place instead of binding new values (a decode step at a short context is a few milliseconds, and binding
+    five values took a tenth of a millisecond of it)."""
+
+    def __init__(self, io, held: list, count: int, inputs: set[str]) -> None:
+        import onnxruntime as ort
+
+        self.io, self.held = io, held
+        self.positions = np.zeros(count, np.int64)
+        self.window = np.zeros((), np.int64)
+        self.keep = np.zeros((), np.int64)
+        for name, array in (("cache_position", self.positions), ("attention_window", self.window),
+                            (LOGITS_TO_KEEP, self.keep)):
+            if name in inputs:
+                value = ort.OrtValue.ortvalue_from_numpy(array)
+                io.bind_ortvalue_input(name, value)
+                held.append(value)
+        self.shape: tuple[int, int] | None = None  # (chunk, logits rows) that ids and logits are bound for
+        self.ids = self.logits = None
+        self.chunk_values: list = []
+
+    def bind_chunk(self, chunk: int, rows: int, width: int | None) -> None:
+        """ids [count, chunk] (and logits [count, rows, width] where the width is known), bound when the shape
+        changes: once for a decode stream, once per prefill chunk length."""
+        import onnxruntime as ort
+
+        if self.shape == (chunk, rows):
+            return
+        count = self.positions.shape[0]
+        self.ids = np.zeros((count, chunk), np.int64)
+        self.chunk_values = [ort.OrtValue.ortvalue_from_numpy(self.ids)]
+        self.io.bind_ortvalue_input("input_ids", self.chunk_values[0])
+        if width is None:
+            self.logits = None
+            self.io.bind_output("logits")  # binding the name again replaces it (it stays after the buffers)
+        else:
+            self.logits = np.empty((count, rows, width), np.float32)
+            self.chunk_values.append(ort.OrtValue.ortvalue_from_numpy(self.logits))
+            self.io.bind_ortvalue_output("logits", self.chunk_values[1])
+        self.shape = (chunk, rows)
