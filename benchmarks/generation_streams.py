@@ -202,7 +202,7 @@ def run_memory(bundle: Path, ids: np.ndarray, *, tokens: int, chunk: int, window
     sample()
     try:
         for start in range(0, tokens, chunk):
-            model.step(cache, [0], stream[start:start + chunk][None], 0)
+            model.step(cache, [0], stream[start:start + chunk][None], 0, last_only=True)  # as generation prefills
             if (start + chunk) // every > start // every or start + chunk >= tokens:
                 sample()
                 print(f"  {samples[-1]}", flush=True)
