@@ -282,7 +282,8 @@ PRECISION_LABEL = {("llama.cpp", "int4"): "Q4_1 (GGUF)", ("hf-generate", "fp32")
 
 
 def plan(peers: bool, short: int, long: int, window: int) -> list[tuple[str, str, int, int]]:
-    """(engine, precision, context, window) rows; window 0 = the whole context."""
+    """(engine, precision, context, window) rows in the table's order; window 0 = the whole context; a context
+    of 0 leaves its rows out."""
     rows = [("edgeattn", "fp32", short, 0), ("edgeattn", "int4", short, 0),
             ("edgeattn", "fp32", long, 0), ("edgeattn", "int4", long, 0), ("edgeattn", "int4", long, window),
             ("edgeattn-fused", "fp32", short, 0), ("edgeattn-fused", "int4", short, 0),
@@ -291,7 +292,21 @@ def plan(peers: bool, short: int, long: int, window: int) -> list[tuple[str, str
         for ctx in (short, long):
             rows += [("onnxruntime-genai", "fp32", ctx, 0), ("onnxruntime-genai", "int4", ctx, 0),
                      ("llama.cpp", "int4", ctx, 0), ("hf-generate", "fp32", ctx, 0)]
-    return rows
+    return [row for row in rows if row[2] > 0]
+
+
+def run_order(planned: list[tuple], round_index: int) -> list[tuple]:
+    """The order a round runs the rows in: rows of one context and precision together, our full-window row
+    and onnxruntime-genai's next to each other (first one, then the other, alternating by round), so the
+    host's drift over a round moves the rows that are compared alike."""
+    first = ("edgeattn", "onnxruntime-genai")[round_index % 2]
+
+    def key(row):
+        engine, precision, ctx, window = row
+        pair = engine in ("edgeattn", "onnxruntime-genai") and window == 0
+        return (ctx, precision, 0 if pair and engine == first else 1 if pair else 2)
+
+    return sorted(planned, key=key)
 
 
 def measure_one(args) -> None:
@@ -312,7 +327,7 @@ def speed(args) -> dict:
     rows = []
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     prompts = {}  # the ids are fixed once per run, so every row reads the same tokens even if the docs change
-    for ctx in (args.short, args.long):
+    for ctx in (c for c in (args.short, args.long) if c > 0):
         path = GEN / f"prompt_{ctx}.json"
         path.write_text(json.dumps(prompt_ids(ctx)))
         prompts[ctx] = path
@@ -323,7 +338,7 @@ def speed(args) -> dict:
     rounds: dict[tuple, list[dict]] = {p: [] for p in planned}
     rows = []
     for r in range(args.rounds):
-        for engine, precision, ctx, window in planned:
+        for engine, precision, ctx, window in run_order(planned, r):
             row = {"engine": engine, "precision": PRECISION_LABEL.get((engine, precision), precision),
                    "context": ctx, "new_tokens": args.new_tokens, "window": window or "full"}
             module = ENGINE_MODULES.get(engine)
@@ -352,6 +367,8 @@ def speed(args) -> dict:
         rows.append(row)
     result = {"machine": {**machine(), "loadavg_before": load_before}, "versions": versions(),
               "warmup_steps": WARMUP, "rounds": args.rounds, "rows": rows,
+              "run_order": "per round: rows of one context and precision together, edgeattn's and onnxruntime-genai's "
+                           "full-window rows adjacent, edgeattn first in odd rounds (run_order)",
               "prompt_sha256": {ctx: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for ctx, p in prompts.items()}}
     print(render_table(rows))
     write_json("speed", result)
@@ -410,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peers", action="store_true", help="also onnxruntime-genai, llama.cpp and HF generate")
     p.add_argument("--engines", nargs="+", choices=list(ENGINES), help="only these rows (default: all planned)")
     p.add_argument("--short", type=int, default=32)
-    p.add_argument("--long", type=int, default=4000)
+    p.add_argument("--long", type=int, default=4000, help="0: no long-context rows")
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=1, help="run every row this many times, interleaved; report medians")

@@ -23,6 +23,41 @@ def test_a_step_is_eligible_while_every_stream_is_inside_its_window(positions, c
     assert eligible(SINKS, WINDOW_MAX, np.array(positions), chunk, window) is want
 
 
+@pytest.mark.parametrize("positions, chunk, limit, want", [
+    ([10], 2, 12, True), ([10], 3, 12, False), ([0, 11], 1, 12, True), ([SINKS + WINDOW_MAX - 1], 1, 1000, True)])
+def test_a_step_is_eligible_only_before_the_linear_models_last_position(positions, chunk, limit, want):
+    assert eligible(SINKS, WINDOW_MAX, np.array(positions), chunk, 0, limit) is want
+
+
+def test_the_linear_model_rotates_by_constant_tables_and_ends_where_they_end(tiny_decoder):
+    """Its rotation tables are constants over the model's 512 positions (no Cos / Sin / Pad a step, no
+    position_ids): a ring larger than that runs the linear model up to position 512, the ring graph after,
+    with the ring graph's logits throughout."""
+    import onnx
+
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+
+    _, _, _, bundle_path = tiny_decoder
+    bundle = open_bundle(bundle_path)
+    assert bundle.manifest.sections["decoder"]["linear_positions"] == 512  # max_position_embeddings > 4 + 48
+    graph = onnx.load(str(bundle.file("model.linear.onnx"))).graph
+    ops = [n.op_type for n in graph.node]
+    assert not {"Cos", "Sin", "Pad"} & set(ops)
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and all(len(n.input) > 9 and n.input[9] == "" for n in gqa)  # no position_ids
+    fast, ring = (DecoderModel(bundle, window_max=600).activate() for _ in range(2))
+    ring.fast_path = False
+    caches = [fast.new_cache(1), ring.new_cache(1)]
+    rng = np.random.default_rng(2)
+    for chunk in [100] * 5 + [6, 6, 1, 1, 1]:  # linear up to 506 + 6 = 512, the ring graph from 512 on
+        ids = rng.integers(0, 1000, (1, chunk))
+        got = fast.step(caches[0], [0], ids, 0)
+        np.testing.assert_allclose(got, ring.step(caches[1], [0], ids, 0), atol=1e-4, rtol=1e-4)
+    (binding,) = caches[0].bindings.values()
+    assert binding.positions.tolist() == [506] and caches[0].positions.tolist() == [515]  # its last step: 506-511
+
+
 def test_the_fast_path_gives_the_ring_graphs_logits_and_cache(tiny_decoder):
     from edgeattn.bundle.folder import open_bundle
     from edgeattn.runtime.generation.decoder_bundle import DecoderModel
@@ -38,7 +73,7 @@ def test_the_fast_path_gives_the_ring_graphs_logits_and_cache(tiny_decoder):
     paths, returned = [], []
     for chunk, window in [(5, 0), (1, 0), (1, 0), (7, 0), (1, 0), (3, 20), (1, 20), (1, 20), (2, 0)] * 5:
         ids = rng.integers(0, 1000, (2, chunk))
-        paths.append(eligible(SINKS, WINDOW_MAX, caches[0].positions, chunk, window))
+        paths.append(eligible(SINKS, WINDOW_MAX, caches[0].positions, chunk, window, fast.fast_path_positions))
         last_only = bool(rng.integers(0, 2))  # the fast path writes the logits into an array of its own
         got = fast.step(caches[0], [0, 1], ids, window, last_only=last_only)
         want = ring.step(caches[1], [0, 1], ids, window, last_only=last_only)

@@ -132,7 +132,7 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         from edgeattn.decoder.metadata import write_bundle_files  # decoders: tokenizer and cache geometry
 
         decoder_files, decoder = write_bundle_files({p.key: p.value for p in source.metadata_props}, staging)
-        linear = _linear_form(source, config, ctx, results, staging, progress) if decoder else None
+        linear = _linear_form(source, config, ctx, results, staging, progress, decoder) if decoder else None
         linear_problems = []
         if linear:
             check = (_linear_parity(staging, artifact.artifact, decoder, config, quantized)
@@ -146,6 +146,8 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
             else:
                 decoder["linear_model"] = LINEAR_NAME
                 decoder_files.append(LINEAR_NAME)
+                if linear.get("rotary_rows"):  # its rotation tables end there: later positions take the ring graph
+                    decoder["linear_positions"] = linear["rotary_rows"]
         problems = [p for r in results for p in r.problems] + artifact.problems + linear_problems
         if config.strict and problems:
             raise StrictModeError(f"--strict: {len(problems)} problem(s), first: {problems[0]}")
@@ -180,7 +182,7 @@ LINEAR_NAME = "model.linear.onnx"
 
 
 def _linear_form(source: onnx.ModelProto, config: BuildConfig, ctx: PassContext, results: list[PassResult],
-                 staging: Path, progress: Progress) -> dict | None:
+                 staging: Path, progress: Progress, decoder: dict) -> dict | None:
     """A cpu decoder's second graph: the same passes with the cached attention as GroupQueryAttention over the
     cache buffers themselves (cached_attention_gqa.emit_linear). The runtime runs it, with the present outputs
     bound to the cache's memory, for the steps of streams that have not left their window (no ring wrap and
@@ -189,12 +191,19 @@ def _linear_form(source: onnx.ModelProto, config: BuildConfig, ctx: PassContext,
     lowering = next((r for r in results if r.name == "lower-cached-cpu"), None)
     if not config.fast_path or lowering is None or not lowering.details.get("lowered"):
         return None
-    options = {**ctx.options, "cached_attention": "linear"}
+    # rotation tables as constants over the model's positions (and at least the default ring's)
+    rows = max(int(decoder.get("max_positions") or 0), int(decoder["sinks"]) + int(decoder["window_max"]))
+    options = {**ctx.options, "cached_attention": "linear", "rotary_rows": rows}
     linear, linear_results = _run_passes(source, config.passes, PassContext(ctx.target, options), lambda m: None)
-    done = next(r for r in linear_results if r.name == "lower-cached-cpu").details
+    done = dict(next(r for r in linear_results if r.name == "lower-cached-cpu").details)
     if done.get("group_query_attention") != lowering.details["lowered"]:
         progress(f"linear form: not written ({done.get('plain') or done.get('kept')})")
         return None
+    rotary = done.get("rotary") or {}
+    if rotary and all(how.startswith("constant") for how in rotary.values()):
+        done["rotary_rows"] = rows
+    else:
+        progress(f"linear form: the step's own rotation tables ({sorted(set(rotary.values()))})")
     from edgeattn.decoder.metadata import LOGITS_TO_KEEP
 
     kept = [t for t in linear.graph.initializer if t.name != LOGITS_TO_KEEP]  # an input the runtime always binds

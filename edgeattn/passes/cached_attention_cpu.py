@@ -26,6 +26,8 @@ and are listed with the reason.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
@@ -47,9 +49,12 @@ class LowerCachedAttentionForCpu:
         if ctx.target.backend != "onnxruntime":
             return PassResult(self.name, False, f"{ctx.target.backend} runs the op as a plugin: kept",
                               {"lowered": 0})
-        lowered, geometries, kept, forms = lower_cached(model, form=ctx.options.get("cached_attention") or "ops")
+        lowered, geometries, kept, forms = lower_cached(model, form=ctx.options.get("cached_attention") or "ops",
+                                                        rotary_rows=ctx.options.get("rotary_rows"))
         details = {"lowered": lowered, "geometries": geometries, "kept": kept,
                    "group_query_attention": forms["fused"], "plain": forms["plain"]}
+        if forms.get("rotary"):
+            details["rotary"] = forms["rotary"]
         if not kept:
             common.RemoveUnusedFunctionsPass()(model)
             if not any(n.domain == DOMAIN for n in model.graph.all_nodes()):
@@ -86,11 +91,16 @@ def _dim_key(value: ir.Value, axis: int):
     return f"value:{id(value)}"  # unknown: only this value is known to have it
 
 
-def lower_cached(model: ir.Model, *, form: str = "ops") -> tuple[int, int, dict[str, str], dict]:
-    """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}}).
+def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None = None
+                 ) -> tuple[int, int, dict[str, str], dict]:
+    """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}, "rotary":
+    how the linear form rotates}).
     form "fused": a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops (and
     why); "linear": to GroupQueryAttention over the cache buffers themselves (cached_attention_gqa.emit_linear;
-    the runtime's fast path for streams that have not left their window), else plain ops (and why)."""
+    the runtime's fast path for streams that have not left their window), else plain ops (and why). With
+    `rotary_rows`, the linear form's rotation tables are constants of that many positions where the angles are
+    positions times constant frequencies (no per-step Cos / Sin, Pad or position_ids: the runtime keeps the
+    streams below that position on the fast path), else the step's own tables."""
     fused, linear = form == "fused", form == "linear"
     common.ShapeInferencePass()(model)
     graph = model.graph
@@ -99,6 +109,7 @@ def lower_cached(model: ir.Model, *, form: str = "ops") -> tuple[int, int, dict[
     rings: dict[tuple, dict] = {}
     memo: dict[tuple, tuple[ir.Value, ir.Value]] = {}
     lowered, kept, plain, n_fused = 0, {}, {}, 0
+    rotary: dict[str, str] = {}  # the linear form: how each node's rotation tables are made
     no_gqa = gqa.unavailable() if fused or linear else None
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
@@ -138,7 +149,18 @@ def lower_cached(model: ir.Model, *, form: str = "ops") -> tuple[int, int, dict[
                     memo[memo_key] = (op("Pad", a, geo["rotary_pads"]), op("Pad", b, geo["rotary_pads"]))
                 return memo[memo_key]
 
-            out, k_all, v_all = gqa.emit_linear(op, c, i64, node, found, geo, padded, h=h, hkv=hkv, d=d, scale=scale)
+            inv = gqa.inverse_frequencies(found["f_t"]) if rotary_rows else None
+            constant_tables = None
+            if inv is not None:
+                name = f"rotary_{rotary_rows}_{zlib.crc32(inv.tobytes()):08x}"  # one pair per frequencies
+                cos_t, sin_t = gqa.position_tables(inv, rotary_rows)
+                constant_tables = (c(name + "_cos", cos_t), c(name + "_sin", sin_t))
+                rotary[node.name or CACHED_OP_TYPE] = f"constant tables of {rotary_rows} positions"
+            else:
+                rotary[node.name or CACHED_OP_TYPE] = ("the step's tables: no row count given" if not rotary_rows else
+                                                       "the step's tables: the angles are not positions x constants")
+            out, k_all, v_all = gqa.emit_linear(op, c, i64, node, found, geo, padded, h=h, hkv=hkv, d=d, scale=scale,
+                                                constant_tables=constant_tables)
         elif isinstance(found, dict):
             if key not in rings:  # shapes from the query before its rotation, which the fused op does itself
                 x3 = gqa.shape_source(found["xq"], h, d)
@@ -210,7 +232,7 @@ def lower_cached(model: ir.Model, *, form: str = "ops") -> tuple[int, int, dict[
     if n_fused:
         common.RemoveUnusedNodesPass()(model)
         model.opset_imports.setdefault(gqa.MS, 1)
-    return lowered, len(shared) + len(shared_gqa), kept, {"fused": n_fused, "plain": plain}
+    return lowered, len(shared) + len(shared_gqa), kept, {"fused": n_fused, "plain": plain, "rotary": rotary}
 
 
 def ring(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, seq_axis: int = 2) -> dict[str, ir.Value]:

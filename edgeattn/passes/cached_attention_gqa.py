@@ -194,17 +194,45 @@ def linear_geometry(op, c, i64, x3: ir.Value, position: ir.Value) -> dict[str, i
     }
 
 
+def inverse_frequencies(f: ir.Value) -> np.ndarray | None:
+    """inv [D/2] when the angles are f = Cast(Unsqueeze(positions)) * inv, inv a constant (Hugging Face's
+    rotary embedding as exported): then the angle of position p is float32(p) * inv, and the rotation tables can
+    be constants indexed by position."""
+    node = f.producer()
+    if node is None or node.op_type != "Mul" or len(node.inputs) != 2:
+        return None
+    for cast, freq in (node.inputs, node.inputs[::-1]):
+        inv = freq.const_value.numpy() if freq is not None and freq.const_value is not None else None
+        producer = cast.producer() if cast is not None else None
+        if inv is None or producer is None or producer.op_type != "Cast" or inv.dtype != np.float32:
+            continue
+        if producer.attributes.get_int("to", 0) == ir.DataType.FLOAT and inv.size == max(inv.shape or (1,)):
+            return inv.reshape(-1)
+    return None
+
+
+def position_tables(inv: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos / sin [rows, D/2] of float32(p) * inv for p = 0 .. rows - 1, the product in float32 as the graph
+    computes it."""
+    angles = np.arange(rows, dtype=np.float32)[:, None] * inv[None, :].astype(np.float32)
+    return np.cos(angles.astype(np.float64)).astype(np.float32), np.sin(angles.astype(np.float64)).astype(np.float32)
+
+
 def emit_linear(op, c, i64, node: ir.Node, found: dict, shared: dict, tables, *, h: int, hkv: int, d: int,
-                scale: float) -> tuple[ir.Value, ir.Value, ir.Value]:
+                scale: float, constant_tables: tuple[ir.Value, ir.Value] | None = None
+                ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """The linear form of one node: GroupQueryAttention reading and extending the cache buffers themselves
     (run with the present outputs bound to the past inputs' memory, it writes the chunk's keys in place).
+    `constant_tables`: cos / sin caches indexed by position (the op then takes each row's position from the
+    stream's length, no position_ids), else the step's own tables padded to the total length.
     Returns (its [B, H, S, D] output, the whole key buffer, the whole value buffer)."""
     v, pk, pv = node.inputs[3], node.inputs[4], node.inputs[5]
     bsnh = functools.partial(_bsh, op, c, i64, d=d)
-    cos, sin = tables("padded", found["cos"], found["sin"])
+    cos, sin = constant_tables or tables("padded", found["cos"], found["sin"])
     o3, present_k, present_v = op(
         "GroupQueryAttention", bsnh(found["xq"], h), bsnh(found["xk"], hkv), bsnh(v, hkv), pk, pv,
-        shared["seqlens"], shared["total"], cos, sin, found["pid"], None, None, None, None, None, None,
+        shared["seqlens"], shared["total"], cos, sin, None if constant_tables else found["pid"], None, None, None,
+        None, None, None,
         shared["query_seqlens"], outputs=3, num_heads=h, kv_num_heads=hkv, scale=scale, do_rotary=1,
         rotary_interleaved=0, _domain=MS)  # presents: the buffers, [B, H_kv, C, D]
     o4 = op("Reshape", o3, c(f"heads_bsnh_{h}_{d}", i64([0, 0, h, d])))  # [B, S, H, D]

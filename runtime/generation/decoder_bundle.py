@@ -41,6 +41,7 @@ class DecoderModel:
         self._keeps_logits = False
         self._linear = None  # the bundle's linear model (linear_path), opened at the first step that can use it
         self.fast_path = bool(info.get("linear_model"))
+        self.fast_path_positions = int(info.get("linear_positions") or 0)  # 0: no end but the window's
 
     def activate(self) -> "DecoderModel":
         from edgeattn.runtime.backends import open_backend
@@ -108,7 +109,8 @@ class DecoderModel:
         index = slice(streams[0], streams[0] + len(streams)) if consecutive else np.asarray(streams)
         window = self.check_window(window)
         if self.fast_path and consecutive and eligible(self.layout.sinks, self.layout.window_max,
-                                                       cache.positions[index], ids.shape[1], window):
+                                                       cache.positions[index], ids.shape[1], window,
+                                                       self.fast_path_positions):
             logits = self._linear_path().step(cache, streams[0], ids, window, last_only)
             return logits[:, -1:] if last_only else logits
         feeds = {"input_ids": ids, "cache_position": cache.positions[index].copy(),

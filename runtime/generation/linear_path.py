@@ -15,10 +15,12 @@ import numpy as np
 from edgeattn.decoder.metadata import LOGITS_TO_KEEP
 
 
-def eligible(sinks: int, window_max: int, positions: np.ndarray, chunk: int, window: int) -> bool:
-    """Whether every stream's chunk ends inside its live window (window 0: the whole ring)."""
+def eligible(sinks: int, window_max: int, positions: np.ndarray, chunk: int, window: int, limit: int = 0) -> bool:
+    """Whether every stream's chunk ends inside its live window (window 0: the whole ring) and, when the linear
+    model's rotation tables end at `limit` positions (the manifest's `linear_positions`), before that."""
     live = window_max if window == 0 else min(window, window_max)
-    return bool(positions.size) and int(positions.max()) + chunk <= sinks + live
+    end = sinks + live if not limit else min(sinks + live, limit)
+    return bool(positions.size) and int(positions.max()) + chunk <= end
 
 
 class LinearPath:
