@@ -1,0 +1,103 @@
+"""One decode step of a decoder graph alone on ONNX Runtime (no generation loop, no host work but the run).
+
+    .venv/bin/python benchmarks/decode_step_cpu.py                          # our fast path vs onnxruntime-genai, int4
+    .venv/bin/python benchmarks/decode_step_cpu.py --precision fp32 --rounds 5
+    .venv/bin/python benchmarks/decode_step_cpu.py --graph old=path/to/model.linear.onnx   # any other graph beside
+
+Each graph runs in its own process (ONNX Runtime's idle thread pool spins after a run: two sessions in one
+process slow each other), 2 threads, its cache buffers bound as inputs and outputs (IO binding, in place), a
+32-token prompt and then one token a step; the figure is the median `run_with_iobinding` time over the decode
+steps after a warm-up. Graphs take turns, round by round, so a drifting host moves them alike.
+The graphs: "edgeattn" is the fast path of build/gen's bundle (`model.linear.onnx`), "onnxruntime-genai" the
+model its builder wrote (`generation_cpu.py prepare --peers`). Together with `generation_cpu.py speed` it
+tells the graph's share of a step from the host's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN = ROOT / "build" / "gen"
+THREADS, PROMPT, STEPS, WARMUP = 2, 32, 96, 8
+
+
+def graphs(precision: str) -> dict[str, Path]:
+    return {"edgeattn": GEN / f"smollm2_{precision}.edgeattn" / "model.linear.onnx",
+            "onnxruntime-genai": GEN / f"genai_{precision}" / "model.onnx"}
+
+
+def measure(path: Path) -> float:
+    """Median seconds of one decode step's run (in this process)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    pasts = sorted(n for n in inputs if n.startswith("past_key_values."))
+    _, kv_heads, _, head_dim = inputs[pasts[0]].shape
+    if not isinstance(head_dim, int):  # onnxruntime-genai's graphs leave it symbolic; their config says it
+        head_dim = json.loads((path.parent / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+    io, held = session.io_binding(), []
+    for name in pasts:  # the buffers hold the whole run; present.* are the same memory (written in place)
+        value = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv_heads, PROMPT + STEPS + 8, head_dim), np.float32))
+        io.bind_ortvalue_input(name, value)
+        io.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
+        held.append(value)
+    position, times = 0, []
+    for chunk in [PROMPT] + [1] * STEPS:
+        io.bind_cpu_input("input_ids", np.full((1, chunk), 100 + position % 50, np.int64))
+        if "cache_position" in inputs:  # ours: the stream's position, the whole window, the last logits only
+            io.bind_cpu_input("cache_position", np.array([position], np.int64))
+            for name, value in (("attention_window", 0), ("logits_to_keep", 1)):
+                if name in inputs:
+                    io.bind_cpu_input(name, np.array(value, np.int64))
+        else:  # onnxruntime-genai's: the attention mask's length is the total length
+            io.bind_cpu_input("attention_mask", np.ones((1, position + chunk), np.int64))
+        io.bind_output("logits")
+        t0 = time.perf_counter()
+        session.run_with_iobinding(io)
+        times.append(time.perf_counter() - t0)
+        position += chunk
+    return statistics.median(times[1 + WARMUP:])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precision", choices=["fp32", "int4"], default="int4")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--graph", action="append", default=[], metavar="NAME=PATH", help="another graph to time")
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time this graph, print seconds
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.one)))
+        return
+    todo = graphs(args.precision)
+    todo.update(dict(item.split("=", 1) for item in args.graph))
+    missing = [f"{name}: {path}" for name, path in todo.items() if not Path(path).is_file()]
+    if missing:
+        sys.exit("missing (generation_cpu.py prepare [--peers]): " + "; ".join(missing))
+    runs: dict[str, list[float]] = {name: [] for name in todo}
+    for r in range(args.rounds):
+        names = list(todo) if r % 2 == 0 else list(todo)[::-1]
+        for name in names:
+            out = subprocess.run([sys.executable, __file__, "--one", str(todo[name])], capture_output=True, text=True,
+                                 check=True)
+            runs[name].append(1e3 * json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1}/{args.rounds} {name}: {runs[name][-1]:.3f} ms", file=sys.stderr, flush=True)
+    print(f"| graph ({args.precision}, {PROMPT}-token prompt) | median ms a decode step | rounds |\n|---|---|---|")
+    for name, times in runs.items():
+        print(f"| {name} | {statistics.median(times):.3f} | {', '.join(f'{t:.2f}' for t in times)} |")
+
+
+if __name__ == "__main__":
+    main()
