@@ -41,6 +41,7 @@ def test_the_linear_model_rotates_by_constant_tables_and_ends_where_they_end(tin
     _, _, _, bundle_path = tiny_decoder
     bundle = open_bundle(bundle_path)
     assert bundle.manifest.sections["decoder"]["linear_positions"] == 512  # max_position_embeddings > 4 + 48
+    assert bundle.manifest.sections["decoder"]["linear_rotation"] == ["constant tables of 512 positions"]
     graph = onnx.load(str(bundle.file("model.linear.onnx"))).graph
     ops = [n.op_type for n in graph.node]
     assert not {"Cos", "Sin", "Pad"} & set(ops)

@@ -146,6 +146,7 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
             else:
                 decoder["linear_model"] = LINEAR_NAME
                 decoder_files.append(LINEAR_NAME)
+                decoder["linear_rotation"] = sorted(set((linear.get("rotary") or {}).values()))  # how, or why not
                 if linear.get("rotary_rows"):  # its rotation tables end there: later positions take the ring graph
                     decoder["linear_positions"] = linear["rotary_rows"]
         problems = [p for r in results for p in r.problems] + artifact.problems + linear_problems

@@ -153,8 +153,10 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
             constant_tables = None
             if inv is not None:
                 name = f"rotary_{rotary_rows}_{zlib.crc32(inv.tobytes()):08x}"  # one pair per frequencies
-                cos_t, sin_t = gqa.position_tables(inv, rotary_rows)
-                constant_tables = (c(name + "_cos", cos_t), c(name + "_sin", sin_t))
+                if ("constant", name) not in memo:
+                    cos_t, sin_t = gqa.position_tables(inv, rotary_rows)
+                    memo[("constant", name)] = (c(name + "_cos", cos_t), c(name + "_sin", sin_t))
+                constant_tables = memo[("constant", name)]
                 rotary[node.name or CACHED_OP_TYPE] = f"constant tables of {rotary_rows} positions"
             else:
                 rotary[node.name or CACHED_OP_TYPE] = ("the step's tables: no row count given" if not rotary_rows else
