@@ -1,0 +1,171 @@
+"""The GPU decode step (runtime/cuda/decode_step.py) on the H200: correctness, then time a token at batch 1 and
+64, context 8,192 (and 1,024 at batch 1), windows full / 1024 / 256, per compile mode; Hugging Face `generate`
+with a static cache and the earlier TorchDecoderModel in the same run (generation_h200.decode_speed).
+
+    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,whole] [--smoke] [--no-peers]
+
+SmolLM2-135M's shape with random weights (speed does not depend on them). Times are CUDA-event medians of graph
+replays (GPU time a step) and, separately, the host's wall time a step including the input copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from generation_h200 import decode_speed, smollm2_shaped  # noqa: E402
+
+from edgeattn.plugins.kernels.cached_decode import cached_decode_splits  # noqa: E402
+from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder, decode_logits  # noqa: E402
+
+
+def replay_ms(graph, n=200):
+    """Median over 5 rounds of the mean GPU time of n back-to-back replays (CUDA events)."""
+    graph.replay()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return statistics.median(times)
+
+
+def host_ms(step, ids, pos, window, n=200):
+    """Wall time a step as a caller sees it: input copies, replay, and the token ids back on the host."""
+    step(ids, pos, window).cpu()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step(ids, pos, window).cpu()
+    return 1e3 * (time.perf_counter() - t0) / n
+
+
+def correctness(device, smoke):
+    """Graph replays (each compile mode) equal eager steps token for token, batch 4, a wrapping ring."""
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 4)  # semantics, not speed: 4 layers
+    w = PackedDecoder.from_hf(model, sinks=4, window_max=64)
+    out = {}
+    tokens = torch.randint(3, 40000, (4, 100), device=device)
+    for mode in ("none", "layers", "whole"):
+        k1, v1 = w.new_cache(4)
+        k2, v2 = w.new_cache(4)
+        graph = DecodeGraph(w, k2, v2, batch=4, splits=1, compile=mode)
+        same, t0 = 0, time.perf_counter()
+        with torch.no_grad():
+            for p in range(100):
+                pos = torch.full((4,), p, device=device)
+                want = decode_logits(w, tokens[:, p], pos, torch.tensor(32, device=device), k1, v1).argmax(-1)
+                same += int(torch.equal(want, graph(tokens[:, p], pos, 32)))
+        out[mode] = {"steps_equal": same, "of": 100, "cache_max_abs_diff": float((k1[-1] - k2[-1]).abs().max()),
+                     "seconds": time.perf_counter() - t0}
+        print("correctness", mode, out[mode], flush=True)
+    return out
+
+
+def hf_parity(device, smoke, n_new=128):
+    """Greedy tokens of the graph step (fp32 and bf16, window >= context) against Hugging Face generate."""
+    rows = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = smollm2_shaped(dtype, device, layers=2 if smoke else 30)
+        prompt = torch.randint(3, 40000, (1, 32), device=device)
+        with torch.no_grad():
+            hf = model.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                                pad_token_id=0)[0, 32:].tolist()
+            w = PackedDecoder.from_hf(model, sinks=4, window_max=256)
+            keys, values = w.new_cache(1)
+            step = DecodeGraph(w, keys, values, batch=1, splits=1, compile="layers")
+            ids = prompt[0].tolist()
+            ours, tok = [], None
+            for p, t in enumerate(ids + [None] * (n_new - 1)):
+                t = t if t is not None else tok
+                tok = int(step(torch.tensor([t], device=device), torch.tensor([p], device=device), 0)[0])
+                if p >= len(ids) - 1:
+                    ours.append(tok)
+        agree = next((i for i, (a, b) in enumerate(zip(ours, hf)) if a != b), len(hf))
+        rows[str(dtype)] = {"tokens_equal_prefix": agree, "of": n_new}
+        print("parity", dtype, rows[str(dtype)], flush=True)
+    return rows
+
+
+def speed(device, smoke, modes):
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = []
+    plan = [(1, 8192), (1, 1024), (64, 8192)] if not smoke else [(1, 256), (4, 256)]
+    for batch, ctx in plan:
+        w = PackedDecoder.from_hf(model, sinks=4, window_max=ctx)
+        keys, values = w.new_cache(batch)
+        for t in keys + values:
+            t.normal_()
+        ids = torch.full((batch,), 5, dtype=torch.int64)
+        pos = torch.full((batch,), ctx, dtype=torch.int64)  # a full cache (the ring has wrapped)
+        for window in (0, 1024, 256) if not smoke else (0, 64):
+            live = ctx if window == 0 else min(window, ctx)
+            splits = cached_decode_splits(batch * w.shape.kv_heads, 4, live, sms)
+            for mode in modes:
+                if mode == "whole" and (batch, window) not in ((1, 256), (64, 1024)):
+                    continue  # one compilation per split count: a few points only
+                t0 = time.perf_counter()
+                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode)
+                step(ids, pos, window)
+                build_s = time.perf_counter() - t0
+                gpu = replay_ms(step.graph)
+                host = host_ms(step, ids, pos, window)
+                row = {"engine": f"edgeattn cuda step ({mode})", "batch": batch, "context": ctx,
+                       "window": window or ctx, "splits": splits, "graph_replay_ms": gpu, "host_ms_per_step": host,
+                       "tokens_per_s": batch / (host / 1e3), "capture_s": build_s}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                del step
+        del keys, values
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_step_h200.json"))
+    ap.add_argument("--modes", default="none,layers,whole")
+    ap.add_argument("--parts", default="correctness,parity,speed,peers")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    torch._dynamo.config.cache_size_limit = 64
+    device = torch.device("cuda")
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    parts = {"correctness": lambda: correctness(device, args.smoke),
+             "parity": lambda: hf_parity(device, args.smoke),
+             "speed": lambda: speed(device, args.smoke, args.modes.split(",")),
+             "peers": lambda: decode_speed(device, args.smoke)}
+    for name in args.parts.split(","):
+        t = time.perf_counter()
+        try:
+            result[name] = parts[name]()
+        except Exception as exc:  # keep the other parts' numbers
+            import traceback
+
+            traceback.print_exc()
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"== {name} {time.perf_counter() - t:.1f}s", flush=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    table = [r for r in result.get("speed", []) if isinstance(r, dict)] + \
+            [r for r in result.get("peers", []) if isinstance(r, dict)]
+    print(f"{'engine':44s} {'B':>3s} {'ctx':>5s} {'W':>5s} {'gpu ms':>7s} {'host ms':>8s} {'tok/s':>9s}")
+    for r in table:
+        print(f"{r['engine'][:44]:44s} {r['batch']:3d} {r['context']:5d} {r['window']:5d} "
+              f"{r.get('graph_replay_ms', float('nan')):7.3f} {r.get('host_ms_per_step', r.get('ms_per_step')):8.3f} "
+              f"{r['tokens_per_s']:9.0f}")
+
+
+if __name__ == "__main__":
+    main()

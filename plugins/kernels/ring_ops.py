@@ -1,0 +1,68 @@
+"""`torch.ops.edgeattn.ring_decode`: one decode token per stream over a sinks + ring KV cache, as a torch op.
+
+Importing this module registers the op (once). Schema:
+
+    edgeattn::ring_decode(Tensor q, Tensor q_sink, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache,
+                          Tensor positions, Tensor window, int sinks, float scale, int splits) -> Tensor
+
+q, q_sink: [B, H, D] (the query rotated at t, and at min(t, sinks + W) for the sink rows); k, v: [B, H_kv, D],
+the new token's key (rotated at t) and value; k_cache, v_cache: [B', H_kv, C, D] with B' >= B (streams 0..B-1);
+positions: [B] int64, the tokens each stream holds before this one; window: [] int64 on the device (0: the
+whole ring). The op writes the new row of each stream (edgeattn.attention.ring's geometry) and returns the
+attention output [B, H, D]. CUDA runs the split-K Triton kernel (cached_decode.py) with `splits` programs per
+kv head (0: sized from the ring); other devices run the float reference, so tests run anywhere. A fake kernel
+makes it traceable by torch.compile, which keeps the cache writes in place (the op declares them).
+"""
+
+from __future__ import annotations
+
+from edgeattn.optional import require
+
+torch = require("torch", "the edgeattn ring decode op")
+
+OP_NAME = "edgeattn::ring_decode"
+
+
+def _write_rows(k, v, k_cache, v_cache, positions, sinks: int) -> None:
+    b = k.shape[0]
+    wmax = k_cache.shape[2] - sinks
+    p = positions.to(torch.int64)
+    rows = torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, wmax))  # rows: [B]
+    streams = torch.arange(b, device=k.device)
+    k_cache[streams, :, rows] = k.to(k_cache.dtype)  # advanced indices around a slice: [B, H_kv, D]
+    v_cache[streams, :, rows] = v.to(v_cache.dtype)
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=("k_cache", "v_cache"))
+def ring_decode(q: torch.Tensor, q_sink: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, positions: torch.Tensor, window: torch.Tensor, sinks: int, scale: float,
+                splits: int) -> torch.Tensor:
+    """Reference for non-CUDA devices: attends in float32 over the past rows and the new key (reads the window
+    on the host), then writes the rows."""
+    from edgeattn.attention.cached_torch import cached_windowed_attention
+
+    b = q.shape[0]
+    out = cached_windowed_attention(q[:, :, None].float(), q_sink[:, :, None].float(), k[:, :, None].float(),
+                                    v[:, :, None].float(), k_cache[:b].float(), v_cache[:b].float(), positions,
+                                    window, sinks=sinks, scale=scale)
+    _write_rows(k, v, k_cache, v_cache, positions, sinks)
+    return out[:, :, 0].to(q.dtype)
+
+
+@ring_decode.register_kernel("cuda")
+def _ring_decode_cuda(q, q_sink, k, v, k_cache, v_cache, positions, window, sinks, scale, splits):
+    from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+    _write_rows(k, v, k_cache, v_cache, positions, sinks)
+    b = q.shape[0]
+    out = cached_decode(q[:, :, None], q_sink[:, :, None], k_cache[:b], v_cache[:b], positions, window,
+                        sinks=sinks, scale=scale, splits=splits or None)
+    return out[:, :, 0]
+
+
+@ring_decode.register_fake
+def _ring_decode_fake(q, q_sink, k, v, k_cache, v_cache, positions, window, sinks, scale, splits):
+    return torch.empty_like(q)
+
+
+__all__ = ["OP_NAME", "ring_decode"]

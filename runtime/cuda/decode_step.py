@@ -1,0 +1,239 @@
+"""One decode step of a Llama-family decoder on a GPU, written for static shapes so it is captured whole in one
+CUDA graph: token ids and positions in, the next token ids out (greedy on the device), the cache written in place.
+
+    weights = PackedDecoder.from_hf(model, sinks=4, window_max=2048)
+    step = DecodeGraph(weights, keys, values, batch=8, splits=1, compiled=True)
+    next_ids = step(ids, positions, window)      # [B] int64 on the device; nothing else crosses to the host
+
+Per layer the step runs RMSNorm, one matrix product for Q, K and V (packed), the rotation at t (and at
+min(t, sinks + W) for the sink rows, edgeattn.attention.ring), `torch.ops.edgeattn.ring_decode` (writes the
+new row, then the split-K Triton kernel reads the sinks and the last W ring rows), the output projection, and
+the MLP with gate and up packed in one product. With `compiled=True` the pointwise work around the products is
+fused by torch.compile (the ring op is opaque to it and keeps its cache writes in place). The live window is a
+device scalar: changing it needs no new capture while the split count stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgeattn.errors import ModelError
+from edgeattn.optional import require
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    sinks: int
+    window_max: int
+    scale: float
+
+    @property
+    def capacity(self) -> int:
+        return self.sinks + self.window_max
+
+
+class PackedDecoder:
+    """The weights laid out for the step: Q, K and V rows in one matrix, gate and up rows in one."""
+
+    def __init__(self, shape: DecoderShape, tensors: dict, inv_freq, rope_scaling: float) -> None:
+        self.shape, self.t, self.inv_freq, self.rope_scaling = shape, tensors, inv_freq, rope_scaling
+
+    @classmethod
+    def from_hf(cls, model, *, sinks: int, window_max: int) -> "PackedDecoder":
+        torch = require("torch", "generation on CUDA")
+        config = model.config
+        if config.model_type not in SUPPORTED:
+            raise ModelError(f"cuda decode step: expected a model of {', '.join(SUPPORTED)}, "
+                             f"found model_type {config.model_type!r}")
+        m = model.model
+        first = m.layers[0].self_attn
+        shape = DecoderShape(layers=len(m.layers), hidden=config.hidden_size, heads=config.num_attention_heads,
+                             kv_heads=config.num_key_value_heads, head_dim=first.head_dim,
+                             intermediate=config.intermediate_size, vocab=config.vocab_size,
+                             eps=float(config.rms_norm_eps), sinks=int(sinks), window_max=int(window_max),
+                             scale=float(first.scaling))
+        with torch.no_grad():
+            t = {"embed": m.embed_tokens.weight, "norm": m.norm.weight, "lm_head": model.lm_head.weight,
+                 "ln1": [], "ln2": [], "wqkv": [], "bqkv": [], "wo": [], "wgu": [], "wd": [], "qn": [], "kn": []}
+            for layer in m.layers:
+                a, mlp = layer.self_attn, layer.mlp
+                t["ln1"].append(layer.input_layernorm.weight)
+                t["ln2"].append(layer.post_attention_layernorm.weight)
+                t["wqkv"].append(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous())
+                biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+                t["bqkv"].append(torch.cat(biases).contiguous() if biases[0] is not None else None)
+                t["wo"].append(a.o_proj.weight)
+                t["wgu"].append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous())
+                t["wd"].append(mlp.down_proj.weight)
+                t["qn"].append(a.q_norm.weight if hasattr(a, "q_norm") else None)
+                t["kn"].append(a.k_norm.weight if hasattr(a, "k_norm") else None)
+        rotary = m.rotary_emb
+        return cls(shape, t, rotary.inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))
+
+    @property
+    def device(self):
+        return self.t["embed"].device
+
+    @property
+    def dtype(self):
+        return self.t["embed"].dtype
+
+    def new_cache(self, streams: int):
+        """keys, values: per layer [streams, H_kv, sinks + W_max, D] on the weights' device, zero-filled."""
+        torch = require("torch", "generation on CUDA")
+        s = self.shape
+        size = (streams, s.kv_heads, s.capacity, s.head_dim)
+        make = lambda: [torch.zeros(size, dtype=self.dtype, device=self.device) for _ in range(s.layers)]  # noqa: E731
+        return make(), make()
+
+    def cache_bytes_per_stream(self) -> int:
+        s = self.shape
+        return 2 * s.layers * s.kv_heads * s.capacity * s.head_dim * self.t["embed"].element_size()
+
+
+def _rms_norm(torch, x, w, eps):
+    x32 = x.float()
+    return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(torch, x, cos, sin):
+    """x: [B, H, D]; cos, sin: [B, 1, D] in x's dtype (Hugging Face's rotate_half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _angles(torch, inv_freq, positions, scaling, dtype):
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [B, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, D]
+    return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+def layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, *, shape: DecoderShape):
+    """Before attention: h [B, hidden] -> (q at t, q at the sinks' position, k at t, v), [B, H(_kv), D] each."""
+    torch = require("torch", "generation on CUDA")
+    s, b = shape, h.shape[0]
+    nq, nk = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    qkv = torch.nn.functional.linear(_rms_norm(torch, h, ln1, s.eps), wqkv, bqkv)
+    q = qkv[:, :nq].view(b, s.heads, s.head_dim)  # q: [B, H, D]
+    k = qkv[:, nq:nq + nk].view(b, s.kv_heads, s.head_dim)  # k, v: [B, H_kv, D]
+    v = qkv[:, nq + nk:].view(b, s.kv_heads, s.head_dim)
+    if qn is not None:  # Qwen3: per-head norms before the rotation
+        q, k = _rms_norm(torch, q, qn, s.eps), _rms_norm(torch, k, kn, s.eps)
+    return _rotate(torch, q, cos, sin), _rotate(torch, q, cos_s, sin_s), _rotate(torch, k, cos, sin), v.contiguous()
+
+
+def layer_tail(h, o, wo, ln2, wgu, wd, *, shape: DecoderShape):
+    """After attention: the output projection and the MLP with their residuals -> h [B, hidden]."""
+    torch = require("torch", "generation on CUDA")
+    F = torch.nn.functional
+    h = h + F.linear(o.reshape(h.shape[0], -1), wo)
+    gate, up = F.linear(_rms_norm(torch, h, ln2, shape.eps), wgu).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, wd)
+
+
+def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
+                  head=layer_head, tail=layer_tail):
+    """ids, positions: [B] int64 (positions: tokens each stream holds before this one); window: [] int64.
+    Writes each stream's new row into `keys`/`values` (per layer [B', H_kv, C, D]) and returns logits [B, V].
+    `head` / `tail`: the per-layer pieces around attention (compiled versions of layer_head / layer_tail)."""
+    torch = require("torch", "generation on CUDA")
+    import edgeattn.plugins.kernels.ring_ops  # noqa: F401  (registers torch.ops.edgeattn.ring_decode)
+
+    F, s, t = torch.nn.functional, w.shape, w.t
+    wl = torch.where((window <= 0) | (window > s.window_max), s.window_max, window)
+    cos, sin = _angles(torch, w.inv_freq, positions, w.rope_scaling, w.dtype)
+    cos_s, sin_s = _angles(torch, w.inv_freq, torch.minimum(positions, s.sinks + wl), w.rope_scaling, w.dtype)
+    h = F.embedding(ids, t["embed"])  # h: [B, hidden]
+    for i in range(s.layers):
+        q, q_s, k, v = head(h, t["ln1"][i], t["wqkv"][i], t["bqkv"][i], t["qn"][i], t["kn"][i], cos, sin, cos_s,
+                            sin_s, shape=s)
+        o = torch.ops.edgeattn.ring_decode(q, q_s, k, v, keys[i], values[i], positions, window, s.sinks, s.scale,
+                                           splits)
+        h = tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
+    return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
+
+
+def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, **pieces):
+    """decode_logits, then the argmax on the device: [B] int64."""
+    return decode_logits(w, ids, positions, window, keys, values, splits, **pieces).argmax(dim=-1)
+
+
+COMPILE_MODES = ("none", "layers", "whole")
+
+
+class DecodeGraph:
+    """A decode step for the first `batch` streams of a cache, captured once in a CUDA graph and replayed.
+
+    `compile`: "none", "layers" (torch.compile on the pieces around attention: one compilation serves every
+    layer, window and split count) or "whole" (the step as one graph, recompiled per split count). `splits`:
+    programs per kv head of the attention kernel (fixed by the capture; cached_decode_splits sizes it)."""
+
+    def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
+                 compile: str = "none", greedy: bool = True) -> None:
+        torch = self.torch = require("torch", "generation on CUDA")
+        self.weights, self.keys, self.values, self.batch, self.splits = weights, keys, values, batch, splits
+        dev = weights.device
+        self.ids = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.window = torch.zeros((), dtype=torch.int64, device=dev)
+        if compile not in COMPILE_MODES:
+            raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
+        fn = decode_greedy if greedy else decode_logits
+        self._pieces = {}
+        if compile == "whole":
+            fn = torch.compile(fn, fullgraph=True, dynamic=False)
+        elif compile == "layers":
+            self._pieces = {"head": _compiled(torch, layer_head), "tail": _compiled(torch, layer_tail)}
+        self._fn = fn
+        self.graph = None
+        self.out = None
+
+    def _run(self):
+        return self._fn(self.weights, self.ids, self.positions, self.window, self.keys, self.values, self.splits,
+                        **self._pieces)
+
+    def capture(self) -> None:
+        """Warm up on a side stream (compiles; writes the rows of the current inputs), then record."""
+        torch = self.torch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(stream):
+            for _ in range(2):
+                self._run()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(self.graph):
+            self.out = self._run()
+
+    def __call__(self, ids, positions, window):
+        """ids, positions: [batch] int64 tensors (any device); window: int or [] tensor -> [batch] on the device."""
+        self.ids.copy_(ids, non_blocking=True)
+        self.positions.copy_(positions, non_blocking=True)
+        if isinstance(window, int):
+            self.window.fill_(window)
+        else:
+            self.window.copy_(window, non_blocking=True)
+        if self.graph is None:
+            self.capture()
+        self.graph.replay()
+        return self.out
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(torch, fn):
+    """One torch.compile wrapper per piece for the process (its compilations are shared by every graph)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=False)
+    return _COMPILED[fn]
