@@ -11,9 +11,12 @@ import click
 
 @click.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--prompt", help="The prompt text.")
+@click.option("--prompt", help="The prompt text: a user message in the bundle's chat template when it has one "
+                               "(see --raw).")
 @click.option("--chat", "chat_file", type=click.Path(path_type=Path),
               help="A JSON file of chat messages ([{\"role\": ..., \"content\": ...}]); the bundle's chat template applies.")
+@click.option("--raw", is_flag=True,
+              help="Continue --prompt as plain text (raw completion), without the chat template.")
 @click.option("--max-tokens", default=128, show_default=True, help="New tokens at most.")
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", default=1.0, show_default=True)
@@ -26,7 +29,7 @@ import click
 @click.option("--threads", default=0, help="ONNX Runtime threads (0 = its default).")
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (text, tokens, usage, timing).")
-def generate(bundle, prompt, chat_file, max_tokens, temperature, top_p, top_k, seed, stop, window, window_max,
+def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top_k, seed, stop, window, window_max,
              threads, stream, as_json):
     """Generate text from a decoder BUNDLE (built from `edgeattn export MODEL --decoder`)."""
     from edgeattn.errors import InputError
@@ -35,6 +38,8 @@ def generate(bundle, prompt, chat_file, max_tokens, temperature, top_p, top_k, s
 
     if (prompt is None) == (chat_file is None):
         raise InputError("expected exactly one of --prompt TEXT and --chat FILE")
+    if raw and chat_file is not None:
+        raise InputError("--raw applies to --prompt TEXT; --chat FILE always uses the chat template")
     source = prompt
     if chat_file is not None:
         try:
@@ -45,6 +50,7 @@ def generate(bundle, prompt, chat_file, max_tokens, temperature, top_p, top_k, s
                               sampling=SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
     result = GenerationResult("", [], "length", 0, 0, [])
     with Generator.open(bundle, window_max=window_max, threads=threads) as gen:
+        source = _as_chat(source, gen.model.codec, raw)
         for chunk in gen.stream(source, config, result=result):
             if stream and not as_json:
                 sys.stdout.write(chunk.text)
@@ -64,3 +70,19 @@ def generate(bundle, prompt, chat_file, max_tokens, temperature, top_p, top_k, s
     note = f", {result.evicted_prompt_tokens} prompt tokens evicted" if result.evicted_prompt_tokens else ""
     click.echo(f"[{result.prompt_tokens} prompt + {result.completion_tokens} tokens, {result.finish_reason}, "
                f"{tps:.1f} tokens/s{note}]", err=True)
+    if not result.text and result.finish_reason == "stop":
+        click.echo(_EMPTY_HINT["raw" if raw else "stop"], err=True)
+
+
+_EMPTY_HINT = {
+    "raw": "note: the model ended at once (an end token or a stop string came first); an instruct model expects "
+           "its chat template: try without --raw",
+    "stop": "note: the model ended at once (an end token or a stop string came first)",
+}
+
+
+def _as_chat(source, codec, raw: bool):
+    """A plain --prompt as one user message when the bundle's tokenizer has a chat template (unless --raw)."""
+    if isinstance(source, str) and not raw and codec is not None and codec.chat_template:
+        return [{"role": "user", "content": source}]
+    return source
