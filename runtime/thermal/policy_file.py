@@ -21,21 +21,35 @@ from edgeattn.runtime.thermal.policies import Policy, PredictivePolicy, StepPoli
 KINDS: dict[str, type] = {"step": StepPolicy, "predictive": PredictivePolicy}
 
 
-def _parse(path: Path) -> dict:
-    text = path.read_text()
-    suffix = path.suffix.lower()
+def _text(path: Path) -> str:
     try:
-        if suffix == ".toml":
-            import tomllib
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"policy {path}: expected a UTF-8 text file (TOML, YAML or JSON), found a byte "
+                         f"0x{exc.object[exc.start]:02x} at offset {exc.start} that is not UTF-8 text "
+                         f"(a binary file?)") from None
 
-            return tomllib.loads(text)
-        if suffix in (".yaml", ".yml"):
-            return require("yaml", "reading YAML policy files (pip install pyyaml)").safe_load(text) or {}
-        if suffix == ".json":
-            return json.loads(text)
-    except ValueError as exc:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
-        raise InputError(f"policy {path}: cannot parse: {exc}") from exc
-    raise InputError(f"policy {path}: expected a .toml, .yaml/.yml or .json file, found {suffix or 'no suffix'!r}")
+
+def _parse(path: Path) -> dict:
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise InputError(f"policy {path}: expected a .toml, .yaml/.yml or .json file, "
+                         f"found {suffix or 'no suffix'!r}")
+    text = _text(path)
+    errors: tuple = (ValueError,)  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+    if suffix == ".toml":
+        import tomllib
+
+        parse = tomllib.loads
+    elif suffix == ".json":
+        parse = json.loads
+    else:
+        yaml = require("yaml", "reading YAML policy files (pip install pyyaml)")
+        parse, errors = (lambda t: yaml.safe_load(t) or {}), (ValueError, yaml.YAMLError)
+    try:
+        return parse(text)
+    except errors as exc:
+        raise InputError(f"policy {path}: cannot parse: {' '.join(str(exc).split())}") from None
 
 
 def policy_from_dict(data: dict, source: str = "policy") -> Policy:
