@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -13,9 +14,10 @@ from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.bundle.folder import Bundle
 from edgeattn.cli.main import cli
 from edgeattn.errors import ConfigError, InputError
-from edgeattn.tritonserver.repository import TritonConfig, export_triton, render_config
+from edgeattn.tritonserver.repository import TritonConfig, export_triton, model_kind, render_config
 from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
 from onnx_fixtures import has
+from test_fusion_reasons import attention_graph
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
                                        reason="needs tritonclient[grpc] (the ModelConfig schema)")
@@ -80,6 +82,62 @@ def test_max_batch_above_the_bundle_range_is_refused(tiny_onnx, tmp_path):
 
 
 @pytest.fixture
+def windowed_bundle(tmp_path) -> Bundle:
+    """A cpu bundle of one fused attention block: inputs x, attention_mask and the scalar attention_window."""
+    path = tmp_path / "attn.onnx"
+    onnx.save(attention_graph("padding"), str(path))
+    bundle = build(path, BuildConfig(target="cpu", batch=(1, 4, 16), seq=(1, 8, 16)))
+    assert bundle.manifest.input("window").dims == ()
+    return bundle
+
+
+def test_windowed_encoder_on_the_python_backend_batches_with_an_optional_window_input(windowed_bundle, tmp_path,
+                                                                                       runner):
+    repo = tmp_path / "repo"
+    result = runner.invoke(cli, ["export-triton", str(windowed_bundle.path), "--repo", str(repo), "--cpu-backend",
+                                 "python", "--window", "3"])
+    assert result.exit_code == 0, result.output
+    config = _parse(repo / "attn" / "config.pbtxt")
+    assert config.max_batch_size == 16 and config.HasField("dynamic_batching")
+    T = model_config_pb2.DataType
+    assert [(i.name, i.data_type, list(i.dims), i.optional, i.HasField("reshape")) for i in config.input] == [
+        ("x", T.TYPE_FP32, [-1, 16], False, False), ("attention_mask", T.TYPE_INT64, [-1], False, False),
+        ("attention_window", T.TYPE_INT64, [1], True, False)]  # one value per row; Triton has no scalars
+    assert config.parameters["edgeattn_window"].string_value == "3"
+    assert "a batch runs each window apart" in (repo / "attn" / "config.pbtxt").read_text()
+
+
+def test_windowed_encoder_on_onnxruntime_has_the_window_fixed_in_model_onnx(windowed_bundle, tmp_path):
+    import onnxruntime as ort
+
+    folder = export_triton(windowed_bundle.path, tmp_path / "repo", TritonConfig(window=2))
+    config = _parse(folder / "config.pbtxt")
+    assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 16
+    assert [i.name for i in config.input] == ["x", "attention_mask"]
+    session = ort.InferenceSession(str(folder / "1" / "model.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["x", "attention_mask"]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 12, 16)).astype(np.float32), "attention_mask": np.ones((2, 12), np.int64)}
+    bundle_session = ort.InferenceSession(str(windowed_bundle.artifact))
+    want = bundle_session.run(None, {**feeds, "attention_window": np.array(2)})[0]
+    np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=0, atol=1e-6)
+    assert not np.allclose(want, bundle_session.run(None, {**feeds, "attention_window": np.array(0)})[0])
+    with pytest.raises(ConfigError, match="window"):
+        TritonConfig(window=-1)
+
+
+def test_engine_with_a_scalar_window_is_served_by_the_python_backend(windowed_bundle, tmp_path):
+    # Triton's TensorRT backend cannot feed a scalar: the engine goes to the Python backend, as rtx engines do
+    manifest = dataclasses.replace(windowed_bundle.manifest, backend="tensorrt")
+    engine = Bundle(windowed_bundle.path, manifest)
+    assert model_kind(engine, TritonConfig()) == "python"
+    config = text_format.Parse(render_config(engine, TritonConfig(), "attn"), model_config_pb2.ModelConfig())
+    assert config.backend == "python" and config.max_batch_size == 16
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    assert [i.name for i in config.input if i.optional] == ["attention_window"]
+
+
+@pytest.fixture
 def rtx_attention_bundle(tmp_path, monkeypatch) -> Bundle:
     if not has("tensorrt_rtx"):
         pytest.skip("needs tensorrt-rtx")
@@ -90,22 +148,24 @@ def rtx_attention_bundle(tmp_path, monkeypatch) -> Bundle:
 
 
 @pytest.mark.rtx
-def test_rtx_bundle_uses_the_python_backend_and_reshapes_the_scalar_window(rtx_attention_bundle, tmp_path):
+def test_rtx_bundle_uses_the_python_backend_and_batches_with_the_window_as_an_optional_input(rtx_attention_bundle,
+                                                                                            tmp_path):
     folder = export_triton(rtx_attention_bundle.path, tmp_path / "repo", TritonConfig(model_name="attn"))
     config = _parse(folder / "config.pbtxt")
-    assert config.backend == "python" and config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert config.backend == "python" and config.max_batch_size > 0 and config.HasField("dynamic_batching")
     window = [i for i in config.input if i.name == "window"][0]
-    assert list(window.dims) == [1] and window.HasField("reshape") and list(window.reshape.shape) == []
+    assert list(window.dims) == [1] and window.optional and not window.HasField("reshape")
     x = [i for i in config.input if i.name == "x"][0]
-    assert list(x.dims) == [-1, -1, fx.HIDDEN]  # no batching: the batch dim stays in dims
+    assert list(x.dims) == [-1, fx.HIDDEN]  # batching: the batch dim is Triton's
     assert (folder / "1" / "model.py").is_file() and (folder / "1" / "bundle" / "model.engine").is_file()
-    assert "does not lead with the batch dimension" in (folder / "config.pbtxt").read_text()
 
 
 @pytest.mark.rtx
 def test_tensorrt_bundle_is_a_plan_with_the_plugin_library(rtx_attention_bundle, tmp_path):
-    # a tensorrt (orin/thor/h100) bundle differs from an rtx one only in its backend field here
-    manifest = dataclasses.replace(rtx_attention_bundle.manifest, backend="tensorrt")
+    # a tensorrt (orin/thor/h100) bundle differs from an rtx one only in its backend field here; without the
+    # scalar window input (which Triton cannot feed an engine) it is a plan
+    m = rtx_attention_bundle.manifest
+    manifest = dataclasses.replace(m, backend="tensorrt", inputs=[s for s in m.inputs if s.role != "window"])
     text = render_config(Bundle(rtx_attention_bundle.path, manifest), TritonConfig(plugin_library=Path("libedgeattn.so")),
                          "attn")
     config = text_format.Parse(text, model_config_pb2.ModelConfig())

@@ -25,8 +25,11 @@ import click
 @click.option("--python-path", type=click.Path(path_type=Path), multiple=True,
               help="Python-backend models: a folder the server's Python adds in front of sys.path, first given "
                    "first (a folder with numpy<2, then the site-packages holding edgeattn). Repeatable.")
+@click.option("--window", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Attention window (0: full attention) of requests that give none (Python backend: requests may "
+                   "send attention_window), or of every request (onnxruntime backend: fixed in model.onnx).")
 def export_triton(bundle, repo, name, version, max_batch, no_dynamic_batching, queue_delay_us, preferred_batch,
-                  instances, plugin_library, cpu_backend, python_path):
+                  instances, plugin_library, cpu_backend, python_path, window):
     """Write a Triton Inference Server model repository for BUNDLE (config.pbtxt, the engine, launch.sh).
 
     Decoder bundles become a decoupled Python-backend model that streams text (Triton's generate_stream)."""
@@ -36,6 +39,6 @@ def export_triton(bundle, repo, name, version, max_batch, no_dynamic_batching, q
                        dynamic_batching=not no_dynamic_batching, max_queue_delay_us=queue_delay_us,
                        preferred_batch_sizes=tuple(preferred_batch), instances=instances,
                        plugin_library=plugin_library, cpu_backend=cpu_backend,
-                       python_path=tuple(str(p) for p in python_path))
+                       python_path=tuple(str(p) for p in python_path), window=window)
     folder = run(bundle, repo, cfg)
     click.echo(f"model {folder} (serve with {Path(repo) / 'launch.sh'})")

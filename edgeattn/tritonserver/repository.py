@@ -3,7 +3,8 @@
 What serves each kind of bundle:
 - tensorrt (orin / thor / h100): platform `tensorrt_plan`, the engine as `model.plan`; a plugin library
   (the ahead-of-time attention plugin) is loaded by the server: `--backend-config=tensorrt,plugins=...`
-  (written to `launch.sh`, and recorded in the config's parameters).
+  (written to `launch.sh`, and recorded in the config's parameters). An engine with the attention window
+  input (a scalar, which Triton cannot feed) is served by the Python backend instead, as rtx bundles are.
 - tensorrt_rtx (rtx): Triton's TensorRT backend links full TensorRT and cannot load TensorRT for RTX
   engines, and the rtx attention plugin is Python; so the model uses Triton's Python backend, whose
   `model.py` runs the bundle through `edgeattn.runtime` (the bundle is copied beside it).
@@ -15,8 +16,11 @@ What serves each kind of bundle:
   `edgeattn.runtime.generation` (`decoder_config.py`, `python_decoder_model.py`).
 Python-backend models get `edgeattn_environment.py` beside `model.py` and, with `python_path`, the folders
 that the server's Python must add to sys.path (`python_environment.py` says why and in which order).
-Dynamic batching is on when every input and output leads with the batch dimension; a scalar input
-(the attention window) rules batching out, and the config says so in a comment.
+Dynamic batching is on when every input and output but the attention window leads with the batch dimension.
+The window (a scalar in the graph; Triton has no scalar tensors) is, for Python-backend models, the optional
+input of the same name with one value per row (`dims: [ 1 ]`), defaulting to `--window` (parameter
+`edgeattn_window`), and a batch runs each window apart (`window_batches.py`); for `onnxruntime_onnx` models it
+is fixed at `--window` in model.onnx (`fixed_window.py` says why). The config says which in a comment.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from edgeattn.bundle.folder import Bundle, open_bundle
 from edgeattn.errors import BundleError, ConfigError, InputError
 from edgeattn.bundle.manifest import check_model_name
 from edgeattn.tritonserver.decoder_config import render_decoder_config
+from edgeattn.tritonserver.fixed_window import write_fixed_window
 from edgeattn.tritonserver.python_environment import PARAMETER as PYTHON_PATH_PARAMETER
+from edgeattn.tritonserver.window_batches import WINDOW_PARAMETER
 
 TRITON_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
                 "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int8": "TYPE_INT8", "uint8": "TYPE_UINT8",
@@ -56,8 +62,11 @@ class TritonConfig:
     plugin_library: Path | None = None  # a TensorRT plugin .so for tensorrt bundles
     cpu_backend: str = "onnxruntime"  # cpu bundles: Triton's "onnxruntime" backend or the "python" backend
     python_path: tuple[str, ...] = ()  # Python-backend models: folders put in front of the server's sys.path
+    window: int = 0  # attention window of requests that give none (Python backend), or fixed (onnxruntime_onnx)
 
     def __post_init__(self) -> None:
+        if self.window < 0:
+            raise ConfigError(f"window: expected >= 0 (0 = full attention), found {self.window}")
         if self.cpu_backend not in CPU_BACKENDS:
             raise ConfigError(f"cpu_backend: expected one of {', '.join(CPU_BACKENDS)}, found {self.cpu_backend!r}")
         for folder in self.python_path:
@@ -78,13 +87,20 @@ class TritonConfig:
                 raise ConfigError(str(exc)) from None
 
 
+def _scalar_window(m):
+    """The bundle's attention window input when it is a scalar (or one value), else None."""
+    spec = m.input("window")
+    return spec if spec is not None and all(d == 1 for d in spec.dims) else None
+
+
 def _batching(bundle: Bundle, cfg: TritonConfig) -> tuple[int, str]:
-    """(max_batch_size, why) from the manifest: the batch dim must lead every input and output."""
+    """(max_batch_size, why) from the manifest: the batch dim must lead every input and output but the window."""
     m = bundle.manifest
     kinds = m.sections.get("dimension_kinds", {})
     if cfg.max_batch_size == 0:
         return 0, "batching turned off (--max-batch 0)"
-    for spec in m.inputs + m.outputs:
+    window = _scalar_window(m)
+    for spec in [s for s in m.inputs if s is not window] + m.outputs:
         if not spec.dims or kinds.get(str(spec.dims[0])) != "batch":
             return 0, f"no batching: {spec.name} does not lead with the batch dimension (dims {list(spec.dims) or 'scalar'})"
     batch_dim = str(m.inputs[0].dims[0])
@@ -96,12 +112,24 @@ def _batching(bundle: Bundle, cfg: TritonConfig) -> tuple[int, str]:
 
 def _tensor(spec, batched: bool) -> list[str]:
     dims = [d if isinstance(d, int) else -1 for d in (spec.dims[1:] if batched else spec.dims)]
-    lines = [f'    name: "{spec.name}"', f"    data_type: {TRITON_TYPES[spec.dtype]}"]
-    if dims:
-        lines.append(f"    dims: [ {', '.join(map(str, dims))} ]")
-    else:  # a scalar travels as [1] and is reshaped to [] for the model
-        lines += ["    dims: [ 1 ]", "    reshape: { shape: [ ] }"]
-    return lines
+    return [f'    name: "{spec.name}"', f"    data_type: {TRITON_TYPES[spec.dtype]}",
+            f"    dims: [ {', '.join(map(str, dims))} ]"]
+
+
+def _window_tensor(spec) -> list[str]:
+    """The window of a Python-backend model: optional, one value per row, whatever the batching."""
+    return [f'    name: "{spec.name}"', f"    data_type: {TRITON_TYPES[spec.dtype]}", "    dims: [ 1 ]",
+            "    optional: true"]
+
+
+def _window_comment(window, kind: str, cfg: TritonConfig) -> str | None:
+    if window is None:
+        return None
+    if kind == "onnxruntime_onnx":
+        return (f"# attention window: fixed at {cfg.window} in model.onnx (0 = full attention; Triton has no scalar "
+                f"inputs: per-request windows need --cpu-backend python)")
+    return (f"# attention window: optional input {window.name!r}, one value per row (default {cfg.window}, "
+            f"0 = full attention); a batch runs each window apart")
 
 
 def model_kind(bundle: Bundle, cfg: TritonConfig) -> str:
@@ -109,8 +137,8 @@ def model_kind(bundle: Bundle, cfg: TritonConfig) -> str:
     m = bundle.manifest
     if m.sections.get("decoder"):
         return "python_decoder"
-    if m.backend == "tensorrt":
-        return "tensorrt_plan"
+    if m.backend == "tensorrt":  # Triton cannot feed an engine's scalar window: the Python backend does
+        return "tensorrt_plan" if _scalar_window(m) is None else "python"
     if m.backend == "onnxruntime" and cfg.cpu_backend == "onnxruntime":
         return "onnxruntime_onnx"
     return "python"
@@ -134,12 +162,17 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
         lines += [f'version_policy: {{ specific: {{ versions: [ {cfg.version} ] }} }}', *_python_path_lines(cfg)]
         return "\n".join(lines) + "\n"
     max_batch, why = _batching(bundle, cfg)
-    lines = [header, f"# batching: {why}", f'name: "{name}"']
+    window = _scalar_window(m)
+    lines = [header, f"# batching: {why}", *filter(None, [_window_comment(window, kind, cfg)]), f'name: "{name}"']
     lines.append(f'platform: "{kind}"' if kind != "python" else 'backend: "python"')
     lines.append(f"max_batch_size: {max_batch}")
-    for key, specs in (("input", m.inputs), ("output", m.outputs)):
-        for spec in specs:
-            lines += [f"{key} {{", *_tensor(spec, max_batch > 0), "}"]
+    for spec in m.inputs:
+        if spec is not window:
+            lines += ["input {", *_tensor(spec, max_batch > 0), "}"]
+        elif kind == "python":
+            lines += ["input {", *_window_tensor(spec), "}"]
+    for spec in m.outputs:
+        lines += ["output {", *_tensor(spec, max_batch > 0), "}"]
     if max_batch > 0 and cfg.dynamic_batching:
         lines.append("dynamic_batching {")
         preferred = [b for b in cfg.preferred_batch_sizes if b <= max_batch]
@@ -156,6 +189,8 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
     if cfg.plugin_library is not None:
         lines += ["parameters {", '  key: "edgeattn_plugin_library"',
                   f'  value: {{ string_value: "plugins/{Path(cfg.plugin_library).name}" }}', "}"]
+    if window is not None and kind == "python":
+        lines += ["parameters {", f'  key: "{WINDOW_PARAMETER}"', f'  value: {{ string_value: "{cfg.window}" }}', "}"]
     lines += _python_path_lines(cfg)
     return "\n".join(lines) + "\n"
 
@@ -211,6 +246,10 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
         if not Path(cfg.plugin_library).is_file():
             raise InputError(f"plugin library not found: {cfg.plugin_library}")
     kind = model_kind(bundle, cfg)
+    if cfg.plugin_library is not None and kind != "tensorrt_plan":
+        raise InputError(f"--plugin-library is for Triton's TensorRT backend; this bundle's engine takes the "
+                         f"attention window as a scalar input {_scalar_window(m).name!r}, which Triton cannot "
+                         f"feed, so it is served by the Python backend (leave --plugin-library out)")
     if cfg.python_path and not kind.startswith("python"):
         raise InputError(f"--python-path is for Python-backend models (rtx, decoder, or cpu with --cpu-backend "
                          f"python), found a {m.backend} bundle served by {kind}")
@@ -227,6 +266,8 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
         version_dir.mkdir()
         if kind == "tensorrt_plan":
             shutil.copy2(bundle.artifact, version_dir / "model.plan")
+        elif kind == "onnxruntime_onnx" and _scalar_window(m) is not None:
+            write_fixed_window(bundle.artifact, version_dir / "model.onnx", _scalar_window(m).name, cfg.window)
         elif kind == "onnxruntime_onnx":
             shutil.copy2(bundle.artifact, version_dir / "model.onnx")
         else:
