@@ -24,6 +24,8 @@ from generation_h200 import decode_speed, smollm2_shaped  # noqa: E402
 
 from edgeattn.plugins.kernels.cached_decode import cached_decode_splits  # noqa: E402
 from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder, decode_logits  # noqa: E402
+from edgeattn.runtime.cuda.sampling import DeviceSampling  # noqa: E402
+from edgeattn.runtime.generation.sampling import SamplingConfig  # noqa: E402
 
 
 def replay_ms(graph, n=200):
@@ -124,6 +126,19 @@ def speed(device, smoke, modes):
                 row = {"engine": f"edgeattn cuda step ({mode})", "batch": batch, "context": ctx,
                        "window": window or ctx, "splits": splits, "graph_replay_ms": gpu, "host_ms_per_step": host,
                        "tokens_per_s": batch / (host / 1e3), "capture_s": build_s}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                del step
+            if window == 1024 and "layers" in modes:  # the same step sampling on the device (top-p 0.9, T 0.8)
+                params = DeviceSampling.for_streams(batch, device)
+                for r in range(batch):
+                    params.set(r, SamplingConfig(temperature=0.8, top_p=0.9, seed=r))
+                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile="layers", sampling=params)
+                step(ids, pos, window)
+                gpu, host = replay_ms(step.graph), host_ms(step, ids, pos, window)
+                row = {"engine": "edgeattn cuda step (layers, sampled)", "batch": batch, "context": ctx,
+                       "window": window, "splits": splits, "graph_replay_ms": gpu, "host_ms_per_step": host,
+                       "tokens_per_s": batch / (host / 1e3)}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 del step

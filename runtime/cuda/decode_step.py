@@ -179,7 +179,7 @@ class DecodeGraph:
     programs per kv head of the attention kernel (fixed by the capture; cached_decode_splits sizes it)."""
 
     def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
-                 compile: str = "none", greedy: bool = True) -> None:
+                 compile: str = "none", greedy: bool = True, sampling=None) -> None:
         torch = self.torch = require("torch", "generation on CUDA")
         self.weights, self.keys, self.values, self.batch, self.splits = weights, keys, values, batch, splits
         dev = weights.device
@@ -189,6 +189,9 @@ class DecodeGraph:
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
         fn = decode_greedy if greedy else decode_logits
+        self.sampling = sampling  # DeviceSampling for `batch` rows: the graph samples (greedy rows included)
+        if sampling is not None:
+            fn = _sampled(sampling)
         self._pieces = {}
         if compile == "whole":
             fn = torch.compile(fn, fullgraph=True, dynamic=False)
@@ -205,6 +208,7 @@ class DecodeGraph:
     def capture(self) -> None:
         """Warm up on a side stream (compiles; writes the rows of the current inputs), then record."""
         torch = self.torch
+        drawn = self.sampling.drawn.clone() if self.sampling is not None else None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream):
@@ -214,6 +218,8 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(self.graph):
             self.out = self._run()
+        if drawn is not None:  # the warm-up runs drew: they do not count
+            self.sampling.drawn.copy_(drawn)
 
     def __call__(self, ids, positions, window):
         """ids, positions: [batch] int64 tensors (any device); window: int or [] tensor -> [batch] on the device."""
@@ -227,6 +233,15 @@ class DecodeGraph:
             self.capture()
         self.graph.replay()
         return self.out
+
+
+def _sampled(params):
+    from edgeattn.runtime.cuda.sampling import sample
+
+    def step(w, ids, positions, window, keys, values, splits=0, **pieces):
+        return sample(decode_logits(w, ids, positions, window, keys, values, splits, **pieces), params)
+
+    return step
 
 
 _COMPILED: dict = {}
