@@ -27,6 +27,20 @@ def _umask() -> int:
     return mask
 
 
+def file_mode() -> int:
+    """The mode a plain `open(path, "w")` gives a new file: 0666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def publish(tmp: str | Path, final: str | Path) -> None:
+    """Rename a finished temporary file onto `final`, first giving it the mode a plain write would.
+
+    `tempfile.mkstemp` makes files owner-only (0600), which is right while a file is being written and
+    wrong for the result: models and bundles are read by services running as other users."""
+    os.chmod(tmp, file_mode())
+    os.replace(tmp, final)
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder, then rename.
 
@@ -36,7 +50,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -7,6 +7,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeattn import atomic
 from edgeattn.errors import ConfigError, ModelError
 from edgeattn.optional import require
 
@@ -120,7 +121,7 @@ def export_module(model, kind: str, out: str | Path, config: ExportConfig = Expo
                 torch.onnx.export(wrapper, args, tmp, dynamo=False, opset_version=config.opset,
                                   input_names=names, output_names=[output_name],
                                   dynamic_axes=dynamic)
-        os.replace(tmp, out)
+        atomic.publish(tmp, out)  # the umask's mode, not mkstemp's 0600
     except Exception as exc:
         if isinstance(exc, ModelError):
             raise

@@ -37,7 +37,7 @@ class ShapePlan:
     """Which dynamic dimension is batch and which is sequence, and their ranges."""
 
     ranges: dict[str, Range]
-    kinds: dict[str, str]  # dim name -> "batch" | "seq" | "other"
+    kinds: dict[str, str]  # dim name -> "batch" | "seq" | "cache" | "other"
 
     def at(self, which: str) -> dict[str, int]:
         """Concrete sizes at 'min', 'opt' or 'max'."""
@@ -45,9 +45,14 @@ class ShapePlan:
         return {name: r[i] for name, r in self.ranges.items()}
 
 
-def plan(signature: Signature, batch: Range, seq: Range, overrides: dict[str, Range] | None = None) -> ShapePlan:
-    """Give every dynamic dimension a range: dim 0 is batch, the others are sequence, unless overridden."""
+def plan(signature: Signature, batch: Range, seq: Range, overrides: dict[str, Range] | None = None,
+         derived: dict[str, tuple[Range, str]] | None = None) -> ShapePlan:
+    """Give every dynamic dimension a range: dim 0 is batch, the others are sequence, unless overridden.
+
+    `derived`: dimensions whose range and kind the model itself says (a decoder's cache rows: sinks + its
+    ring), used unless `overrides` names them too."""
     overrides = overrides or {}
+    derived = derived or {}
     ranges: dict[str, Range] = {}
     kinds: dict[str, str] = {}
     for spec in signature.inputs:
@@ -55,8 +60,12 @@ def plan(signature: Signature, batch: Range, seq: Range, overrides: dict[str, Ra
             if not isinstance(dim, str) or dim in ranges:
                 continue
             kind = "batch" if axis == 0 else "seq"
-            kinds[dim] = "other" if dim in overrides else kind
-            ranges[dim] = overrides.get(dim, batch if kind == "batch" else seq)
+            if dim in overrides:
+                kinds[dim], ranges[dim] = "other", overrides[dim]
+            elif dim in derived:
+                ranges[dim], kinds[dim] = derived[dim]
+            else:
+                kinds[dim], ranges[dim] = kind, batch if kind == "batch" else seq
     unknown = set(overrides) - set(ranges)
     if unknown:
         raise ConfigError(f"shape override for unknown dimension(s) {sorted(unknown)}: the model's dynamic "

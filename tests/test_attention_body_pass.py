@@ -44,7 +44,7 @@ def reference(feeds, causal, sinks):
 def test_cpu_lowering_matches_the_reference(causal, sinks, h, h_kv, s_q, s_k):
     src = two_layers(causal, sinks, h, h_kv, s_q, s_k)
     model = ir.serde.deserialize_model(src)
-    result = AttentionBody()(model, PassContext(get_target("cpu"), {"seq": (1, 16, 64)}))
+    result = AttentionBody()(model, PassContext(get_target("cpu"), seq=(1, 16, 64)))
     assert result.details["body"] == "dense" and result.details["lowered"] == 2 and not result.details["kept"]
     lowered = ir.serde.serialize_model(model)
     assert not any(n.domain == "edgeattn" for n in lowered.graph.node) and not lowered.functions
@@ -72,6 +72,6 @@ def test_choice_of_body():
 
 def test_long_sequences_keep_the_blocked_body():
     model = ir.serde.deserialize_model(two_layers(1, 0, 2, 2, 5, 5))
-    result = AttentionBody()(model, PassContext(get_target("cpu"), {"seq": (1, 128, 8192)}))
+    result = AttentionBody()(model, PassContext(get_target("cpu"), seq=(1, 128, 8192)))
     assert result.details["body"] == "blocked" and not result.changed
     assert sum(n.domain == "edgeattn" for n in model.graph) == 2

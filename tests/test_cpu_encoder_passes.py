@@ -100,7 +100,7 @@ def reference(feeds: dict, consts: dict, causal: int, sinks: int, merge: bool = 
 
 def lower(model: onnx.ModelProto):
     ir_model = ir.serde.deserialize_model(model)
-    result = AttentionBody()(ir_model, PassContext(get_target("cpu"), {"seq": (1, 16, 64)}))
+    result = AttentionBody()(ir_model, PassContext(get_target("cpu"), seq=(1, 16, 64)))
     return ir.serde.serialize_model(ir_model), result
 
 

@@ -145,7 +145,7 @@ def test_contrib_forms_match_numpy_at_a_window(tmp_path, form, unidirectional):
 ])
 def test_forms_that_stay_are_reported_with_the_reason(form, reason):
     model = ir.serde.deserialize_model(contrib_attention(form))
-    result = FuseAttention()(model, PassContext(resolve_target("cpu"), {}))
+    result = FuseAttention()(model, PassContext(resolve_target("cpu")))
     assert result.details["fused"] == 0
     [left] = result.details["unfused"]
     assert left["reason"].startswith(reason), left

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgeattn.passes import PassContext
+from edgeattn.passes.plans import plan_for
 from edgeattn.passes.gelu_cpu import FuseGeluForCpu
 from edgeattn.targets import get_target
 
@@ -43,7 +44,7 @@ def run(model: onnx.ModelProto, a: np.ndarray) -> np.ndarray:
 def test_gelu_is_fused_and_exact(order, divide):
     src = gelu_model(order, divide)
     model = ir.serde.deserialize_model(src)
-    result = FuseGeluForCpu()(model, PassContext(get_target("cpu"), {}))
+    result = FuseGeluForCpu()(model, PassContext(get_target("cpu")))
     out = ir.serde.serialize_model(model)
     assert result.details["fused"] == 1 and not result.problems
     assert [n.op_type for n in out.graph.node] == ["MatMul", "Gelu"] and out.graph.output[0].name == "y"
@@ -53,14 +54,15 @@ def test_gelu_is_fused_and_exact(order, divide):
 
 def test_other_erf_uses_are_reported_not_fused():
     model = ir.serde.deserialize_model(gelu_model("half_first", half=0.25))
-    result = FuseGeluForCpu()(model, PassContext(get_target("cpu"), {}))
+    result = FuseGeluForCpu()(model, PassContext(get_target("cpu")))
     assert result.details["fused"] == 0 and "left as separate ops" in result.problems[0]
 
 
 def test_tensorrt_targets_are_skipped():
     model = ir.serde.deserialize_model(gelu_model("half_first"))
-    result = FuseGeluForCpu()(model, PassContext(get_target("h100"), {}))
-    assert not result.changed and "skipped" in result.summary
+    plan = plan_for(get_target("h100").backend)  # TensorRT fuses GELU itself: not in its plan
+    results = plan.only(tuple(n for n in plan.passes if n == FuseGeluForCpu.name)).run(model, PassContext(get_target("h100")))
+    assert not any(r.changed for r in results) and FuseGeluForCpu.name not in plan.passes
 
 
 def constants_as_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -79,7 +81,7 @@ def test_constant_node_scalars_are_read():
     """Issue 20: 'Erf input is x Div None' when sqrt(2) came from a Constant node (TorchScript)."""
     src = constants_as_nodes(gelu_model("half_last", divide=True))
     model = ir.serde.deserialize_model(src)
-    result = FuseGeluForCpu()(model, PassContext(get_target("cpu"), {}))
+    result = FuseGeluForCpu()(model, PassContext(get_target("cpu")))
     out = ir.serde.serialize_model(model)
     assert result.details["fused"] == 1 and not result.problems
     assert [n.op_type for n in out.graph.node] == ["MatMul", "Gelu"]
@@ -93,5 +95,5 @@ def test_gelu_op_of_opset_20_is_counted_as_native():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
                               [c("w", np.eye(8))])
     model = ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
-    result = FuseGeluForCpu()(model, PassContext(get_target("cpu"), {}))
+    result = FuseGeluForCpu()(model, PassContext(get_target("cpu")))
     assert result.details == {"fused": 0, "native": 1, "unfused": 0} and "1 already the Gelu op" in result.summary

@@ -46,7 +46,7 @@ def run(model: onnx.ModelProto, feeds: dict) -> list:
 
 def upgrade_pass(model: onnx.ModelProto, **options):
     ir_model = ir.serde.deserialize_model(model)
-    result = UpgradeOpset()(ir_model, PassContext(get_target("cpu"), options))
+    result = UpgradeOpset()(ir_model, PassContext(get_target("cpu"), **options))
     return result, ir.serde.serialize_model(ir_model)
 
 

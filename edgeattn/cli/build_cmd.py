@@ -18,12 +18,13 @@ from edgeattn.targets import TARGETS
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16", "bf16", "fp8"]),
               help="Float type of layers the graph does not already quantize.")
 @click.option("--batch", type=RangeType(), default="1:1:8", show_default=True, help="Batch range.")
-@click.option("--seq", type=RangeType(), default="1:128:512", show_default=True, help="Sequence-length range.")
+@click.option("--seq", type=RangeType(), help="Sequence-length range [default: 1:128:512; decoders: the chunk "
+              "length, 1:1:W with W the ring's size; their cache dimension always follows the ring].")
 @click.option("--dim", "dims", type=DimType(), multiple=True, help="Range of one named dynamic dimension.")
 @click.option("--strict", is_flag=True, help="Fail when a fusion or precision did not happen as asked.")
 @click.option("--no-parity", is_flag=True, help="Skip the check against the source model.")
-@click.option("--tolerance", type=float, help="Parity tolerance, max abs diff [default: 1e-4; for quantized graphs "
-              "5% of the largest output magnitude].")
+@click.option("--tolerance", type=float, help="Parity tolerance, relative: max abs diff / max abs reference output "
+              "[default: 1e-4; quantized graphs 0.05].")
 @click.option("--name", help="Model name in the manifest [default: the file's stem].")
 @click.option("--attention-body", default="auto", show_default=True, type=click.Choice(["auto", "blocked", "dense"]),
               help="ONNX body of the fused attention op: blocked (cost follows the window), dense (fewest nodes; "
@@ -32,7 +33,7 @@ from edgeattn.targets import TARGETS
               help="cpu decoders: the cached attention as plain ops (fastest once the window holds a few hundred "
                    "tokens), or fused into ONNX Runtime's GroupQueryAttention (fewer nodes: faster steps at short "
                    "contexts, slower attention at long ones).")
-@click.option("--no-fast-path", is_flag=True, help="cpu decoders: leave out the linear form (model.linear.onnx) "
+@click.option("--no-fast-path", is_flag=True, help="cpu decoders: leave out the fast path (model.fast_path.onnx) "
               "that runs streams still inside their window without the ring; halves the model's memory.")
 @click.option("--as-inference", is_flag=True, help="Build a model exported in training mode as inference: Dropout "
               "removed, BatchNormalization on running statistics [default: refuse such a model].")
@@ -46,14 +47,16 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
     """
     from rich.console import Console
 
-    from edgeattn.bundle.build import BuildConfig
-    from edgeattn.bundle.build import build as run_build
+    from edgeattn.bundle.config import BuildConfig, check_inputs
 
-    console = Console(stderr=True)
     config = BuildConfig(target=target, out=out, precision=precision, batch=batch, seq=seq, dims=tuple(dims),
                          strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name,
                          attention_body=attention_body, cached_attention=cached_attention,
                          fast_path=not no_fast_path, as_inference=as_inference)
+    check_inputs(model, config)  # before the model libraries load: a wrong path is said at once
+    from edgeattn.bundle.build import build as run_build
+
+    console = Console(stderr=True)
     with console.status("building") as status:
         bundle = run_build(model, config, progress=lambda msg: (status.update(msg), console.print(f"[dim]{msg}[/]")))
     m = bundle.manifest

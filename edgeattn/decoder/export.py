@@ -1,4 +1,6 @@
-"""`edgeattn export MODEL --decoder`: a Llama-family causal LM -> a decoder ONNX with a sinks + ring KV cache.
+"""`edgeattn export MODEL --decoder`: a rotary causal LM -> a decoder ONNX with a sinks + ring KV cache.
+
+The families it takes, and why it refuses others, are in `edgeattn.decoder.families`.
 
 Inputs (the names onnxruntime-genai uses where the meaning is the same): `input_ids` [B, S] int64,
 `cache_position` [B] int64 (tokens already in each stream), `attention_window` int64 scalar (0 = the whole
@@ -15,12 +17,16 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
+from edgeattn import atomic
 from edgeattn.errors import ConfigError, ModelError
 from edgeattn.optional import require
 
 from edgeattn.decoder.metadata import (DECODER_KEY, POSITION_INPUT, TOKENIZER_KEY, WINDOW_INPUT, past_names,
                                        present_names)
+
+Progress = Callable[[str, float | None], None] | None  # (stage, estimated seconds or None)
 
 
 @dataclass(frozen=True)
@@ -40,19 +46,23 @@ class DecoderExportConfig:
 
 
 def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str, str]:
-    c = model.config
+    from edgeattn.decoder import families
+
+    c = families.text_config(model.config)
     eos = c.eos_token_id if isinstance(c.eos_token_id, list) else [c.eos_token_id]
     eos = sorted({int(e) for e in eos if e is not None} | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id
                                                              is not None else set()))
     info = {
         "format": 1, "model_type": c.model_type, "layers": c.num_hidden_layers,
         "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,
-        "head_dim": model.model.layers[0].self_attn.head_dim, "vocab_size": c.vocab_size,
+        "head_dim": int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads),
+        "vocab_size": c.vocab_size,
         "max_positions": int(getattr(c, "max_position_embeddings", 0) or 0),
         "sinks": config.sinks, "window_max": config.window_max,
         "eos_token_ids": eos, "bos_token_id": tokenizer.bos_token_id,
         "add_bos": bool(getattr(tokenizer, "add_bos_token", False)),
-        "trained_sliding_window": getattr(c, "sliding_window", None),
+        "trained_sliding_window": max((w for w in families.layer_windows(c) if w), default=None),
+        "layer_windows": list(families.layer_windows(c)),  # per layer: its trained window (None: full)
         "dtype": "float32",
         "special_tokens": {k: getattr(tokenizer, k, None) for k in ("bos_token", "eos_token", "pad_token")},
         "chat_template": getattr(tokenizer, "chat_template", None) or None,
@@ -65,25 +75,52 @@ def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str,
     return meta
 
 
-def export_decoder(name_or_dir: str | Path, out: str | Path, config: DecoderExportConfig = DecoderExportConfig()) -> Path:
-    """Load a packaged alias or a Hugging Face folder and write the decoder ONNX to `out`, atomically."""
+def export_decoder(name_or_dir: str | Path, out: str | Path, config: DecoderExportConfig = DecoderExportConfig(),
+                   progress: Progress = None) -> Path:
+    """Load a packaged alias or a Hugging Face folder and write the decoder ONNX to `out`, atomically.
+    `progress(stage, seconds)`: told each stage as it starts, with an estimate of its length (or None)."""
     from edgeattn import hf_models
+    from edgeattn.decoder import families
 
-    model, tokenizer, kind = hf_models.load(name_or_dir, attn_implementation="sdpa")
-    if kind != "decoder":
-        raise ModelError(f"--decoder: expected a causal LM, found an {kind} ({name_or_dir})")
-    return export_decoder_model(model, tokenizer, out, config)
+    progress = progress or (lambda stage, seconds: None)
+    progress("loading", None)
+    reason = families.why_not(hf_models.load_config(name_or_dir))
+    if reason:
+        raise ModelError(f"--decoder: {reason} ({name_or_dir})")
+    model, tokenizer, _ = hf_models.load(name_or_dir, kind="decoder")  # attention is ours: any implementation
+    return export_decoder_model(model, tokenizer, out, config, progress)
+
+
+def effective_config(model_config, config: DecoderExportConfig) -> DecoderExportConfig:
+    """The export's geometry for this model. Layers trained with a sliding window read exactly their window, so
+    no sinks; when every layer has the same window (Mistral-style) the ring is that window."""
+    from edgeattn.decoder import families
+
+    windows = families.layer_windows(model_config)
+    if not any(windows):
+        return config
+    ring = windows[0] if len(set(windows)) == 1 else config.window_max
+    return DecoderExportConfig(**{**asdict(config), "window_max": int(ring), "sinks": 0})
+
+
+SECONDS_PER_LAYER = 6.0  # tracing and exporting, measured on a 2-core host (SmolLM2-135M: 30 layers, ~3 minutes)
+
+
+def estimate_seconds(model_config) -> float:
+    """A rough length of tracing and exporting: it grows with the layer count, hardly with their width."""
+    from edgeattn.decoder import families
+
+    return 5.0 + SECONDS_PER_LAYER * int(families.text_config(model_config).num_hidden_layers)
 
 
 def export_decoder_model(model, tokenizer, out: str | Path,
-                         config: DecoderExportConfig = DecoderExportConfig()) -> Path:
+                         config: DecoderExportConfig = DecoderExportConfig(), progress: Progress = None) -> Path:
     """Export a loaded Hugging Face causal LM and its (fast) tokenizer."""
     torch = require("torch", "decoder export")
     from edgeattn.decoder.cached_llama import CachedDecoder
 
-    trained = getattr(model.config, "sliding_window", None)
-    if trained:  # a model trained with a sliding window (Mistral-style) keeps it: that ring, no sinks
-        config = DecoderExportConfig(**{**asdict(config), "window_max": int(trained), "sinks": 0})
+    progress = progress or (lambda stage, seconds: None)
+    config = effective_config(model.config, config)
     wrapper = CachedDecoder(model, config.sinks).eval()
     layers = len(wrapper.layers)
     b, s, cap = 2, config.example_seq, config.sinks + 32  # not 1: torch.export specialises dims of size 1
@@ -99,13 +136,15 @@ def export_decoder_model(model, tokenizer, out: str | Path,
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
     os.close(fd)
     try:
+        progress("tracing and exporting", estimate_seconds(model.config))
         with torch.no_grad():
             program = torch.onnx.export(wrapper, args, dynamo=True, opset_version=config.opset,
                                         input_names=names, output_names=outputs, dynamic_shapes=dynamic,
                                         optimize=True, verbose=False)
+        progress("saving", None)
         program.save(tmp)
         _finish(tmp, decoder_metadata(model, tokenizer, config))
-        os.replace(tmp, out)
+        atomic.publish(tmp, out)  # the umask's mode, not mkstemp's 0600
     except ModelError:
         raise
     except Exception as exc:

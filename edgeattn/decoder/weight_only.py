@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from edgeattn import atomic
 from edgeattn.errors import ConfigError, ModelError
 
 from edgeattn.decoder.metadata import DECODER_KEY
@@ -62,8 +63,7 @@ def quantize_weights_int4(src: str | Path, dst: str | Path, block: int = 32, *,
     os.close(fd)
     try:
         onnx.save(quantized, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the staging file, not the result
-        os.replace(tmp, dst)
+        atomic.publish(tmp, dst)  # the umask's mode, not mkstemp's 0600
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -4,9 +4,31 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
+import onnx_ir as ir
+
 from edgeattn.errors import TargetError
+from edgeattn.onnx_model import Signature
+from edgeattn.shapes import ShapePlan
+from edgeattn.targets import Target
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """What an engine builder is handed: the processed model in memory and its signature, and the same model
+    written once to `model_path` for the libraries that read a file (ONNX Runtime, the TensorRT parser).
+
+    The builder may change `model` (the build has written it and reads it no more)."""
+
+    model: ir.Model
+    model_path: Path
+    signature: Signature
+    staging: Path  # the bundle being written: the artifact goes here
+    target: Target
+    precision: str  # the requested float type (BuildConfig.precision)
+    shape_plan: ShapePlan
 
 
 @dataclass
@@ -21,7 +43,7 @@ class ArtifactResult:
     parity_possible: bool = True  # False when the artifact cannot run here (no GPU)
 
 
-# builder(model_path, staging_dir, target, config, shape_plan) -> ArtifactResult
+# builder(job: EngineJob) -> ArtifactResult
 BUILDERS: dict[str, str] = {
     "onnxruntime": "edgeattn.engines.onnxruntime:build_artifact",
     "tensorrt_rtx": "edgeattn.engines.tensorrt.builder:build_artifact",

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from edgeattn.engines.builder import ArtifactResult
+from edgeattn.engines.builder import ArtifactResult, EngineJob
 from edgeattn.errors import BuildError
 
 ARTIFACT = "model.ort.onnx"
 
 
-def build_artifact(model_path: Path, staging: Path, target, config, shape_plan) -> ArtifactResult:
+def build_artifact(job: EngineJob) -> ArtifactResult:
     """Run ONNX Runtime's portable graph optimizations and save the result (ORT_ENABLE_EXTENDED:
     fusions that run on any CPU; layout-specific ones are redone at load time)."""
     import onnxruntime as ort
 
-    out = staging / ARTIFACT
+    out = job.staging / ARTIFACT
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(out)
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(job.model_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise BuildError(f"ONNX Runtime could not load the processed model: {exc}") from None
     del session
@@ -32,3 +30,4 @@ def build_artifact(model_path: Path, staging: Path, target, config, shape_plan) 
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     return ArtifactResult(ARTIFACT, {"onnxruntime": ort.__version__},
                           {"optimization": "ORT_ENABLE_EXTENDED", "op_counts": dict(sorted(ops.items()))})
+

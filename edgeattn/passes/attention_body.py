@@ -40,8 +40,7 @@ class AttentionBody:
         key = (DOMAIN, OP_TYPE, "")
         if key not in model.functions:
             return PassResult(self.name, False, "no WindowedAttention body in the model", {"body": None})
-        seq_max = int((ctx.options.get("seq") or (1, 128, DENSE_MAX_SEQ))[2])
-        body, why = choose(ctx.target.backend, seq_max, ctx.options.get("attention_body", "auto"))
+        body, why = choose(ctx.target.backend, int(ctx.seq[2]), ctx.attention_body)
         opset = model.opset_imports.get("", 18)
         details = {"body": body, "why": why, "lowered": 0, "inlined": 0}
         if body == "dense":

@@ -46,11 +46,7 @@ class LowerCachedAttentionForCpu:
         nodes = [n for n in model.graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]
         if not nodes:
             return PassResult(self.name, False, "no CachedWindowedAttention in the model", {"lowered": 0})
-        if ctx.target.backend != "onnxruntime":
-            return PassResult(self.name, False, f"{ctx.target.backend} runs the op as a plugin: kept",
-                              {"lowered": 0})
-        lowered, geometries, kept, forms = lower_cached(model, form=ctx.options.get("cached_attention") or "ops",
-                                                        rotary_rows=ctx.options.get("rotary_rows"))
+        lowered, geometries, kept, forms = lower_cached(model, form=ctx.cached_attention, rotary_rows=ctx.rotary_rows)
         details = {"lowered": lowered, "geometries": geometries, "kept": kept,
                    "group_query_attention": forms["fused"], "plain": forms["plain"]}
         if forms.get("rotary"):
@@ -79,6 +75,8 @@ def _why_not(node: ir.Node) -> str | None:
     h, hkv, d = q.shape[1], pk.shape[1], q.shape[3]
     if not all(isinstance(x, int) for x in (h, hkv, d)) or h % hkv:
         return f"heads {h} / kv heads {hkv} / head dim {d}: expected static, heads a multiple of kv heads"
+    if node.attributes.get_float("softcap", 0.0):
+        return "its scores are soft-capped (softcap), which the lowering does not do"
     return None
 
 
@@ -94,14 +92,14 @@ def _dim_key(value: ir.Value, axis: int):
 def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None = None
                  ) -> tuple[int, int, dict[str, str], dict]:
     """Returns (nodes lowered, geometries built, {node kept: why}, {"fused": n, "plain": {node: why}, "rotary":
-    how the linear form rotates}).
+    how the fast path rotates}).
     form "fused": a node goes to GroupQueryAttention (cached_attention_gqa) when it can, else to plain ops (and
-    why); "linear": to GroupQueryAttention over the cache buffers themselves (cached_attention_gqa.emit_linear;
+    why); "fast_path": to GroupQueryAttention over the cache buffers themselves (cached_attention_gqa.emit_fast_path;
     the runtime's fast path for streams that have not left their window), else plain ops (and why). With
-    `rotary_rows`, the linear form's rotation tables are constants of that many positions where the angles are
+    `rotary_rows`, the fast path's rotation tables are constants of that many positions where the angles are
     positions times constant frequencies (no per-step Cos / Sin, Pad or position_ids: the runtime keeps the
     streams below that position on the fast path), else the step's own tables."""
-    fused, linear = form == "fused", form == "linear"
+    fused, fast_path = form == "fused", form == "fast_path"
     common.ShapeInferencePass()(model)
     graph = model.graph
     shared: dict[tuple, tuple[ir.Value, ir.Value, ir.Value, ir.Value]] = {}  # key -> _geometry's values
@@ -109,8 +107,8 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
     rings: dict[tuple, dict] = {}
     memo: dict[tuple, tuple[ir.Value, ir.Value]] = {}
     lowered, kept, plain, n_fused = 0, {}, {}, 0
-    rotary: dict[str, str] = {}  # the linear form: how each node's rotation tables are made
-    no_gqa = gqa.unavailable() if fused or linear else None
+    rotary: dict[str, str] = {}  # the fast path: how each node's rotation tables are made
+    no_gqa = gqa.unavailable() if fused or fast_path else None
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
         if reason:
@@ -133,14 +131,16 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
         c = lambda name, value: constant(graph, f"edgeattn_cached_{name}", value)  # noqa: E731
         i64 = lambda x: np.array(x, np.int64)  # noqa: E731
         key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
-        found = (gqa.match(node, 0 if linear else sinks) if no_gqa is None else no_gqa) if fused or linear else None
-        if isinstance(found, dict) and linear:  # no sink rotation: while t <= sinks + W the second one is t itself
+        found = (gqa.match(node, 0 if fast_path else sinks) if no_gqa is None else no_gqa) if fused or fast_path else None
+        if fast_path and isinstance(found, dict) and not window.is_graph_input():  # min(W, a trained window)
+            found = "its window is capped in the graph (a trained sliding window); the fast path reads every position"
+        if isinstance(found, dict) and fast_path:  # no sink rotation: while t <= sinks + W the second one is t itself
             if key not in shared_gqa:
                 x3 = gqa.shape_source(found["xq"], h, d)
                 if x3 is None:
                     x3 = op("Reshape", op("Transpose", found["xq"], perm=[0, 2, 1, 3]),
                             c(f"bsh_{h * d}", i64([0, 0, h * d])))
-                shared_gqa[key] = gqa.linear_geometry(op, c, i64, x3, position)
+                shared_gqa[key] = gqa.fast_path_geometry(op, c, i64, x3, position)
             geo = shared_gqa[key]
 
             def padded(kind, a, b):
@@ -161,7 +161,7 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
             else:
                 rotary[node.name or CACHED_OP_TYPE] = ("the step's tables: no row count given" if not rotary_rows else
                                                        "the step's tables: the angles are not positions x constants")
-            out, k_all, v_all = gqa.emit_linear(op, c, i64, node, found, geo, padded, h=h, hkv=hkv, d=d, scale=scale,
+            out, k_all, v_all = gqa.emit_fast_path(op, c, i64, node, found, geo, padded, h=h, hkv=hkv, d=d, scale=scale,
                                                 constant_tables=constant_tables)
         elif isinstance(found, dict):
             if key not in rings:  # shapes from the query before its rotation, which the fused op does itself
@@ -184,7 +184,7 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
             for old, value in ((k, k_new), (v, v_new)):
                 value.shape, value.dtype = old.shape, old.dtype
         if isinstance(found, dict):
-            if linear:
+            if fast_path:
                 k_new, v_new = k_all, v_all
             graph.insert_before(node, new)
             out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
@@ -205,7 +205,7 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
             lowered += 1
             n_fused += 1
             continue
-        if fused or linear:
+        if fused or fast_path:
             plain[node.name or CACHED_OP_TYPE] = found
         if key not in shared:
             shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)

@@ -177,8 +177,8 @@ def _bsh(op, c, i64, x4: ir.Value, heads: int, *, d: int) -> ir.Value:
                                         c(f"bsh_{heads * d}", i64([0, 0, heads * d])))
 
 
-def linear_geometry(op, c, i64, x3: ir.Value, position: ir.Value) -> dict[str, ir.Value]:
-    """For the linear form: GroupQueryAttention's lengths from the stream positions, each stream's keys at
+def fast_path_geometry(op, c, i64, x3: ir.Value, position: ir.Value) -> dict[str, ir.Value]:
+    """For the fast path: GroupQueryAttention's lengths from the stream positions, each stream's keys at
     rows [0, position + S) of its buffer (valid while no stream has left its window: no ring wrap)."""
     axes0 = c("axes0", i64([0]))
     pos = op("Cast", position, to=ir.DataType.INT64)  # [B]
@@ -218,10 +218,10 @@ def position_tables(inv: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]
     return np.cos(angles.astype(np.float64)).astype(np.float32), np.sin(angles.astype(np.float64)).astype(np.float32)
 
 
-def emit_linear(op, c, i64, node: ir.Node, found: dict, shared: dict, tables, *, h: int, hkv: int, d: int,
+def emit_fast_path(op, c, i64, node: ir.Node, found: dict, shared: dict, tables, *, h: int, hkv: int, d: int,
                 scale: float, constant_tables: tuple[ir.Value, ir.Value] | None = None
                 ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """The linear form of one node: GroupQueryAttention reading and extending the cache buffers themselves
+    """The fast path of one node: GroupQueryAttention reading and extending the cache buffers themselves
     (run with the present outputs bound to the past inputs' memory, it writes the chunk's keys in place).
     `constant_tables`: cos / sin caches indexed by position (the op then takes each row's position from the
     stream's length, no position_ids), else the step's own tables padded to the total length.

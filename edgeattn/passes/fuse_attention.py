@@ -173,7 +173,7 @@ class FuseAttention:
     def _strict(ctx: PassContext, result: PassResult) -> PassResult:
         """--strict: attention left unfused fails the build here, before any engine is built."""
         left = result.details["unfused"]
-        if ctx.options.get("strict") and left:
+        if ctx.strict and left:
             total = len(left) + result.details["windowed_total"]
             raise StrictModeError(f"--strict: expected every attention block fused, found {len(left)} of {total} "
                                   f"left unfused; first: {left[0]['node']}: {left[0]['reason']}")

@@ -83,7 +83,7 @@ class InferenceMode:
         if not found:
             return PassResult(self.name, False, "no training-mode nodes", {"training_nodes": []})
         names = [f"{_label(n)} ({why})" for n, why in found]
-        if not ctx.options.get("as_inference", False):
+        if not ctx.as_inference:
             shown = "; ".join(names[:SHOWN]) + (f"; and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
             raise InputError(
                 f"expected a model exported for inference, found {len(found)} training-mode node(s): {shown}. "

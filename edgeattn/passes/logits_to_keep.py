@@ -33,9 +33,6 @@ class LogitsToKeep:
         if not any(v.name == POSITION_INPUT for v in graph.inputs):
             return PassResult(self.name, False, f"not a decoder with a cache (no `{POSITION_INPUT}` input): its "
                               "inputs are kept as they are", {"added": False})
-        if ctx.target.backend != "onnxruntime":
-            return PassResult(self.name, False, f"{ctx.target.backend}: logits for every position kept",
-                              {"added": False})
         if any(v.name == INPUT for v in graph.inputs):
             return PassResult(self.name, False, f"the model already has an input {INPUT}", {"added": False})
         head = logits.producer()

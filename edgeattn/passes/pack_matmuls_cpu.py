@@ -49,8 +49,6 @@ class PackMatMulsForCpu:
     name = "pack-matmuls-cpu"
 
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
-        if ctx.target.backend != "onnxruntime":
-            return PassResult(self.name, False, f"{ctx.target.backend} chooses its own GEMMs", {"packed": 0})
         graph = model.graph
         groups: dict[tuple, list[ir.Node]] = defaultdict(list)
         for node in graph:

@@ -149,8 +149,6 @@ class LowerQdqMatMulForCpu:
     name = "lower-qdq-cpu"
 
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
-        if ctx.target.backend != "onnxruntime":
-            return PassResult(self.name, False, f"skipped: target {ctx.target.name} builds the Q/DQ graph itself")
         graph = model.graph
         lowered, biased, problems = 0, 0, []
         zero_u8, quantized = None, {}

@@ -83,8 +83,6 @@ class FuseRmsNormForCpu:
     name = "fuse-rmsnorm-cpu"
 
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
-        if ctx.target.backend != "onnxruntime":
-            return PassResult(self.name, False, f"{ctx.target.backend} fuses RMSNorm itself", {"fused": 0})
         fused, skipped, unfused = 0, 0, []
         graph = model.graph
         for _, found in anchored(graph, "ReduceMean", match, unfused, ignore="ReduceMean input is not"):

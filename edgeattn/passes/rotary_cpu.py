@@ -108,8 +108,6 @@ class FuseRotaryForCpu:
     name = "fuse-rotary-cpu"
 
     def __call__(self, model: ir.Model, ctx: PassContext) -> PassResult:
-        if ctx.target.backend != "onnxruntime":
-            return PassResult(self.name, False, f"{ctx.target.backend} fuses RoPE itself", {"fused": 0})
         common.ShapeInferencePass()(model)
         graph = model.graph
         tables: dict[int, tuple[ir.Value, ir.Value, ir.Value]] = {}

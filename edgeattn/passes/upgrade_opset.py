@@ -36,7 +36,7 @@ class UpgradeOpset:
         details = {"from": opset, "to": opset}
         if opset >= MIN_OPSET:
             return PassResult(self.name, False, f"opset {opset}: no upgrade needed", details)
-        if "fuse-attention" not in ctx.options.get("passes", ("fuse-attention",)):
+        if ctx.passes and "fuse-attention" not in ctx.passes:
             return PassResult(self.name, False, f"opset {opset} kept: fuse-attention is not run", details)
         blocks = len(candidates(model.graph))
         if not blocks:

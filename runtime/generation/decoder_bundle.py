@@ -14,7 +14,7 @@ from edgeattn.attention.ring import RingLayout
 from edgeattn.decoder.metadata import GENERATION_FILE, LOGITS_TO_KEEP, TOKENIZER_FILE, past_names, present_names
 from edgeattn.errors import BundleError, ConfigError, InputError
 from edgeattn.runtime.generation.cache import KVCache
-from edgeattn.runtime.generation.linear_path import eligible
+from edgeattn.runtime.generation.fast_path import eligible
 from edgeattn.runtime.generation.text import TextCodec
 
 
@@ -40,8 +40,8 @@ class DecoderModel:
         self.backend = None
         self._keeps_logits = False
         self._linear = None  # the bundle's linear model (linear_path), opened at the first step that can use it
-        self.fast_path = bool(info.get("linear_model"))
-        self.fast_path_positions = int(info.get("linear_positions") or 0)  # 0: no end but the window's
+        self.fast_path = bool(info.get("fast_path_model"))
+        self.fast_path_positions = int(info.get("fast_path_positions") or 0)  # 0: no end but the window's
 
     def activate(self) -> "DecoderModel":
         from edgeattn.runtime.backends import open_backend
@@ -61,9 +61,9 @@ class DecoderModel:
 
     def _linear_path(self):
         if self._linear is None:
-            from edgeattn.runtime.generation.linear_path import LinearPath
+            from edgeattn.runtime.generation.fast_path import FastPath
 
-            self._linear = LinearPath(self.bundle.file(self.info["linear_model"]), threads=self.threads,
+            self._linear = FastPath(self.bundle.file(self.info["fast_path_model"]), threads=self.threads,
                                       past=self._past, present=self._present)
         return self._linear
 

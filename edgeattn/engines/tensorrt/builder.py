@@ -22,7 +22,7 @@ from edgeattn import onnx_model
 from edgeattn.engines.tensorrt import adapter, attention_mapping
 from edgeattn.engines.tensorrt import layers as trt_layers
 from edgeattn.engines.tensorrt import profiles as trt_profiles
-from edgeattn.engines.builder import ArtifactResult
+from edgeattn.engines.builder import ArtifactResult, EngineJob
 from edgeattn.errors import BuildError
 from edgeattn.optional import require
 from edgeattn.precision import summarize as graph_summary
@@ -49,11 +49,12 @@ def _check_host(target, fl: adapter.Flavor) -> None:
                          "(only TensorRT for RTX, target rtx, builds without one)")
 
 
-def prepare_onnx(model_path: Path, out: Path, target, precision: str) -> dict:
-    """Mark attention nodes, cast float parts; write the engine's ONNX input to `out`."""
+def prepare_onnx(model: ir.Model, out: Path, target, precision: str) -> dict:
+    """Mark attention nodes, cast float parts (in `model`, in place); write the engine's ONNX input to `out`."""
     import onnx
+    import onnx_ir.passes.common as common
 
-    model = ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(onnx_model.load(model_path, check=False)))
+    common.ShapeInferencePass()(model)
     why_not = "" if target.attention_plugin else f"target {target.name} has no attention plugin"
     attention = attention_mapping.map_attention(model, target.attention_plugin, why_not)
     softmaxes = sum(1 for n in model.graph.all_nodes() if n.op_type == "Softmax")
@@ -147,15 +148,16 @@ def _problems(prep: dict, result: dict, summary: dict, precision: str, target) -
     return problems
 
 
-def build_artifact(model_path: Path, staging: Path, target, config, shape_plan) -> ArtifactResult:
+def build_artifact(job: EngineJob) -> ArtifactResult:
     """Build `staging/model.engine` for a TensorRT or TensorRT for RTX target."""
+    target, staging, precision = job.target, job.staging, job.precision
     fl = adapter.flavor(target.backend)
     _check_host(target, fl)
-    sig = onnx_model.signature(onnx_model.load(model_path, check=False))
-    dim_profiles = trt_profiles.dim_profiles(shape_plan)
+    sig = job.signature
+    dim_profiles = trt_profiles.dim_profiles(job.shape_plan)
     with tempfile.TemporaryDirectory(prefix="edgeattn-trt-") as tmp:
         work = Path(tmp)
-        prep = prepare_onnx(model_path, work / "engine_input.onnx", target, config.precision)
+        prep = prepare_onnx(job.model, work / "engine_input.onnx", target, precision)
         job = {"flavor": fl.module, "onnx": str(work / "engine_input.onnx"), "engine": str(staging / ARTIFACT),
                "sm": list(target.sm), "sparse": target.sparse_tensor_cores,
                "hardware_compat": target.hardware_compat,
@@ -166,7 +168,7 @@ def build_artifact(model_path: Path, staging: Path, target, config, shape_plan) 
     rows = result["layers"]
     trt_layers.mark_compute(rows, set(prep["compute_nodes"]))
     summary = trt_layers.summarize(rows)
-    problems = _problems(prep, result, summary, config.precision, target)
+    problems = _problems(prep, result, summary, precision, target)
     details = {
         "library": fl.label, "version": result["version"], "build_seconds": result["build_seconds"],
         "engine_bytes": result["engine_bytes"], "applied": result["applied"], "dropped_compute_capabilities": dropped,

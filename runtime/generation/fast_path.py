@@ -1,8 +1,8 @@
-"""The fast path of a cpu decoder bundle: its `linear_model` (edgeattn.bundle.build._linear_form).
+"""The fast path of a cpu decoder bundle: its `fast_path_model` (edgeattn.bundle.fast_path).
 
 While a stream has not left its window (every position so far p < sinks + W, so the ring has not wrapped and
 the sinks' second rotation is the first one), the cached attention is plain causal attention over rows
-[0, t) of the stream's buffers. The linear model runs it as ONNX Runtime's GroupQueryAttention reading those
+[0, t) of the stream's buffers. The fast path model runs it as ONNX Runtime's GroupQueryAttention reading those
 buffers directly, with its present outputs bound to the same memory: the op writes the chunk's keys and
 values into the ring in place, nothing is gathered or copied, and the host has nothing to write. Every other
 step (a stream past its window, streams that are not consecutive rows of the cache) runs the ring graph.
@@ -16,14 +16,14 @@ from edgeattn.decoder.metadata import LOGITS_TO_KEEP
 
 
 def eligible(sinks: int, window_max: int, positions: np.ndarray, chunk: int, window: int, limit: int = 0) -> bool:
-    """Whether every stream's chunk ends inside its live window (window 0: the whole ring) and, when the linear
-    model's rotation tables end at `limit` positions (the manifest's `linear_positions`), before that."""
+    """Whether every stream's chunk ends inside its live window (window 0: the whole ring) and, when the fast
+    path model's rotation tables end at `limit` positions (the manifest's `fast_path_positions`), before that."""
     live = window_max if window == 0 else min(window, window_max)
     end = sinks + live if not limit else min(sinks + live, limit)
     return bool(positions.size) and int(positions.max()) + chunk <= end
 
 
-class LinearPath:
+class FastPath:
     def __init__(self, model_path, *, threads: int, past: list[str], present: list[str]) -> None:
         import onnxruntime as ort
 

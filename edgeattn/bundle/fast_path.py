@@ -1,0 +1,83 @@
+"""A cpu decoder's fast path graph (`model.fast_path.onnx`), built by the fast path plan and checked here.
+
+The same passes as the cpu plan, with the cached attention as GroupQueryAttention over the cache buffers
+themselves (passes/cached_attention_gqa.emit_fast_path). The runtime (runtime/generation/fast_path.py) runs
+it, with the present outputs bound to the cache's memory, for the steps of streams that have not left their
+window (no ring wrap and t <= sinks + W: plain causal attention), and the ring graph for every other step.
+Written only when every layer took that form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from edgeattn.attention.ring import RingLayout
+from edgeattn.decoder.metadata import LOGITS_TO_KEEP, past_names, present_names
+from edgeattn.passes import PassContext, PassResult
+from edgeattn.passes.plans import BuildPlan
+from edgeattn.runtime.generation.cache import KVCache
+from edgeattn.runtime.generation.fast_path import FastPath
+
+FAST_PATH_NAME = "model.fast_path.onnx"
+
+
+def build_fast_path(model: ir.Model, plan: BuildPlan, ctx: PassContext, cpu_results: list[PassResult],
+                    decoder: dict, out: Path, progress: Callable[[str], None]) -> dict | None:
+    """Run the fast path plan (`plans.fast_path_of` the cpu plan) on `model` (a copy of the source, changed in
+    place) and save it to `out`; what the cached attention lowering did, or None (and nothing written) when a
+    layer did not take the form."""
+    lowering = next((r for r in cpu_results if r.name == "lower-cached-cpu"), None)
+    if lowering is None or not lowering.details.get("lowered"):
+        return None
+    # rotation tables as constants over the model's positions (and at least the default ring's)
+    rows = max(int(decoder.get("max_positions") or 0), int(decoder["sinks"]) + int(decoder["window_max"]))
+    ctx = dataclasses.replace(ctx, cached_attention="fast_path", rotary_rows=rows)
+    results = plan.run(model, ctx)
+    done = dict(next(r for r in results if r.name == "lower-cached-cpu").details)
+    if done.get("group_query_attention") != lowering.details["lowered"]:
+        progress(f"fast path: not written ({done.get('plain') or done.get('kept')})")
+        return None
+    rotary = done.get("rotary") or {}
+    if rotary and all(how.startswith("constant") for how in rotary.values()):
+        done["rotary_rows"] = rows
+    else:
+        progress(f"fast path: the step's own rotation tables ({sorted(set(rotary.values()))})")
+    keep = model.graph.initializers.pop(LOGITS_TO_KEEP, None)  # an input the runtime always binds
+    if keep is not None:
+        keep.const_value = None
+    ir.save(model, out)
+    progress(f"fast path: {out.name} ({done['group_query_attention']} layers on GroupQueryAttention)")
+    return done
+
+
+def compare_fast_path(ring, fast_path_model: Path, decoder: dict) -> dict:
+    """The fast path against the ring artifact (`ring`: an active OnnxRuntimeBackend): a 6-token chunk at
+    position 0 then one token, both from empty caches, every position's logits. The fast path runs as the
+    runtime runs it (runtime/generation/fast_path.py: its present outputs bound to the cache's memory)."""
+    layers = int(decoder["layers"])
+    layout = RingLayout(int(decoder["sinks"]), 16)
+    geometry = dict(layers=layers, kv_heads=int(decoder["kv_heads"]), head_dim=int(decoder["head_dim"]),
+                    layout=layout)
+    ring_cache, fast_cache = KVCache(**geometry), KVCache(**geometry)
+    fast = FastPath(fast_path_model, threads=0, past=past_names(layers), present=present_names(layers))
+    rng = np.random.default_rng(0)
+    worst, largest, agree, positions = 0.0, 0.0, 0, 0
+    for chunk in (6, 1):
+        ids = rng.integers(0, int(decoder["vocab_size"]), (1, chunk)).astype(np.int64)
+        feeds = {"input_ids": ids, "cache_position": ring_cache.positions.copy(),
+                 "attention_window": np.array(0, np.int64), LOGITS_TO_KEEP: np.array(0, np.int64),
+                 **dict(zip(past_names(layers), ring_cache.past(slice(0, 1))))}
+        outs = ring.infer(feeds)
+        ring_cache.write([outs[n] for n in present_names(layers)], [0])
+        want = outs["logits"]
+        got = fast.step(fast_cache, 0, ids, 0, last_only=False)
+        worst = max(worst, float(np.abs(got - want).max()))
+        largest = max(largest, float(np.abs(want).max()))
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        positions += chunk
+    return {"max_abs_diff": worst, "reference_max_abs": largest, "greedy_agreement": agree / positions}
