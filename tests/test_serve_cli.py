@@ -154,29 +154,47 @@ def test_sigterm_answers_503_then_abandons_the_queue_after_the_timeout(tmp_path)
     statuses: list = []
     with _queued_slow_server(tmp_path, 1.0, statuses) as (base, proc):
         proc.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
         time.sleep(0.1)
         assert _infer_status(base) == 503  # a request after SIGTERM: refused politely, not reset
         assert _get(base + "/v2/health/ready")[0] == 503
-        out, err = proc.communicate(timeout=30)
-        took = time.monotonic() - stopped
+        out, err = proc.communicate(timeout=60)  # a hang guard, not a measurement
     assert proc.returncode == 0, err
-    assert took < 1.0 + 0.5 + 1.5, f"exited {took:.1f} s after SIGTERM with a 1 s shutdown timeout"
+    # 4 s of queued work against a 1 s timeout: the queue was abandoned (503), what ran was answered
     assert 200 in statuses and 503 in statuses and set(statuses) <= {200, 503}, statuses
     assert "Traceback" not in err
 
 
 def test_a_second_sigterm_stops_at_once_without_a_traceback(tmp_path):
-    with _queued_slow_server(tmp_path, 30.0, []) as (base, proc):
+    with _queued_slow_server(tmp_path, 600.0, []) as (base, proc):
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        stopped = time.monotonic()
-        out, err = proc.communicate(timeout=30)
-        took = time.monotonic() - stopped
+        # a hang guard far below the 600 s shutdown timeout: only the second signal can end it in time
+        out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
-    assert took < 2.0, f"exited {took:.1f} s after the second SIGTERM"
+    assert "again: answering the queued requests 503" in out, out
+
+
+def test_a_burst_of_sigterms_ends_an_idle_server_cleanly(tmp_path):
+    """SIGTERM every few ms until the process is gone: none of them may kill it (exit -15) or leave a
+    traceback, whether it lands while the server stops or while the process exits."""
+    bundle = tiny_bundle(tmp_path)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "edgeattn.cli.main", "serve", str(bundle.path), "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc)
+        deadline = time.monotonic() + 60  # a hang guard
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.005)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "Traceback" not in err, err
 
 
 def test_a_model_that_fails_to_load_ends_the_process_with_the_reason(tmp_path):

@@ -12,6 +12,7 @@ from edgeattn.errors import EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.server.app import STARTUP, abandon, drain
 
 CLOSE_GRACE_S = 1.0  # after the queues are drained: how long open connections get to finish their answers
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve_forever(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 30.0,
@@ -20,8 +21,21 @@ def serve_forever(app: web.Application, host: str, port: int, *, shutdown_timeou
 
     The first signal stops the models taking requests (ready and inference answer 503 while the server
     still listens), lets the queued requests finish for up to `shutdown_timeout` s (the rest get 503),
-    then closes. A second signal answers the queued requests 503 at once."""
-    asyncio.run(_serve(app, host, port, shutdown_timeout, print_fn))
+    then closes. A second signal answers the queued requests 503 at once. Once the server has stopped,
+    SIGINT and SIGTERM stay ignored: the process is on its way out, and a repeated signal must not kill it
+    half-way (with the signal's exit status, or a KeyboardInterrupt traceback); a caller that goes on
+    doing other work installs its own handlers again."""
+    try:
+        asyncio.run(_serve(app, host, port, shutdown_timeout, print_fn))
+    finally:
+        _ignore_stop_signals()
+
+
+def _ignore_stop_signals() -> None:
+    """SIG_IGN for SIGINT and SIGTERM. Not a Python handler: the interpreter resets those to the default
+    action while it finalizes, and a signal then would still kill the process."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: float, print_fn) -> None:
@@ -36,7 +50,7 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
         print_fn(f"{name}: finishing queued requests (up to {shutdown_timeout:g} s), then stopping")
         stopping.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=CLOSE_GRACE_S)
     await runner.setup()
@@ -60,8 +74,9 @@ async def _serve(app: web.Application, host: str, port: int, shutdown_timeout: f
         await drain(app, shutdown_timeout)
     finally:
         await runner.cleanup()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        for sig in STOP_SIGNALS:  # removing a handler restores the default action (death by the signal):
+            loop.remove_signal_handler(sig)  # ignore the signal at once instead, until the process exits
+            signal.signal(sig, signal.SIG_IGN)
 
 
 class BackgroundServer:
