@@ -62,12 +62,25 @@ def test_logits_match_hugging_face_chunk_by_chunk(tiny_decoder):
 
 
 class _ChunkRecorder:
-    """DecoderModel's interface, recording (position, chunk length, window) per step."""
+    """A DecoderBackend recording (position, chunk length, window) per step."""
+
+    codec, eos, vocab_size = None, frozenset(), 3
 
     def __init__(self, sinks: int, window_max: int) -> None:
         from edgeattn.attention.ring import RingLayout
 
         self.layout, self.calls = RingLayout(sinks, window_max), []
+
+    def activate(self):
+        return self
+
+    def deactivate(self) -> None:
+        pass
+
+    def new_cache(self, streams: int = 1):
+        from edgeattn.runtime.generation.cache import KVCache
+
+        return KVCache(layers=1, kv_heads=1, head_dim=1, layout=self.layout, streams=streams)
 
     def check_window(self, window: int) -> int:
         return window
@@ -75,21 +88,21 @@ class _ChunkRecorder:
     def step(self, cache, streams, ids, window, last_only=False):
         self.calls.append((int(cache.positions[streams[0]]), ids.shape[1], window))
         cache.positions[streams[0]] += ids.shape[1]
-        return np.zeros((1, ids.shape[1], 3), np.float32)
+        return np.zeros((1, 1 if last_only else ids.shape[1], 3), np.float32)
 
 
 @pytest.mark.parametrize("window, first", [(6, 10), (0, 32), (40, 32)])
 def test_prefill_ends_a_chunk_holding_sinks_by_sinks_plus_window(window, first):
     """The op scores a chunk's own keys with q (true distances), the sink rows with q rotated at min(t, sinks + W):
     a first chunk reaching past sinks + W would read the sinks farther away than token-by-token prefill does."""
-    from edgeattn.runtime.generation.cache import KVCache
     from edgeattn.runtime.generation.generator import GenerationConfig, Generator
 
     model = _ChunkRecorder(SINKS, WINDOW_MAX)
-    cache = KVCache(layers=1, kv_heads=1, head_dim=1, layout=model.layout)
-    Generator(model).prefill(list(range(100)), cache, 0, GenerationConfig(prefill_chunk=32), window)
-    assert [c[:2] for c in model.calls][:2] == [(0, first), (first, 32)]
-    assert sum(c[1] for c in model.calls) == 100 and {c[2] for c in model.calls} == {window}
+    result = Generator(model).generate(list(range(50)), GenerationConfig(prefill_chunk=32, max_tokens=1,
+                                                                         window=window))
+    assert [c[:2] for c in model.calls][:2] == [(0, first), (first, min(32, 50 - first))]
+    assert sum(c[1] for c in model.calls) == 50 and {c[2] for c in model.calls} == {window}
+    assert result.tokens == [0] and result.finish_reason == "length"
 
 
 def test_window_shrinks_and_grows_back_without_losing_rows(tiny_decoder):

@@ -10,10 +10,13 @@ from edgeattn.errors import ConfigError
 
 
 class StreamPositions:
-    """What every cache (host or device) knows of its streams: `positions` [streams], tokens seen by each."""
+    """What every cache (host or device) knows of its streams: `positions` [streams], tokens seen by each, and
+    per layer a key and a value buffer [streams, H_kv, C, D] (numpy or torch: rows are copied by indexing)."""
 
     layout: RingLayout
     positions: np.ndarray
+    keys: list
+    values: list
 
     @property
     def streams(self) -> int:
@@ -30,6 +33,20 @@ class StreamPositions:
     def reset(self, stream: int) -> None:
         """Forget a stream (its rows are overwritten as the next one fills them; nothing is read before then)."""
         self.positions[stream] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy a stream's rows (the filled part only) and position into another stream; forget the source."""
+        filled = min(int(self.positions[src]), self.layout.capacity)
+        for layer in self.keys + self.values:
+            layer[dst, :, :filled] = layer[src, :, :filled]
+        self.positions[dst] = self.positions[src]
+        self.positions[src] = 0
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange two streams' rows and positions."""
+        for layer in self.keys + self.values:
+            layer[[a, b]] = layer[[b, a]]
+        self.positions[[a, b]] = self.positions[[b, a]]
 
 
 class KVCache(StreamPositions):

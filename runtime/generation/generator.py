@@ -6,24 +6,26 @@
         for chunk in g.stream([{"role": "user", "content": "Hi"}], GenerationConfig(window=256)):
             print(chunk.text, end="")
 
-Prefill runs in chunks (never longer than the ring), then one token per step. A prompt longer than the cache
-keeps its head (the sinks, or `pin` tokens) and its tail; the result says how many tokens were evicted.
-The window may be a number or a function called before every step (the thermal controller's live window).
+`Generator` is a one-slot client of the decode engine (edgeattn.runtime.generation.engine), the step the server
+runs for many requests at once, so both give the same tokens. Prefill runs in chunks (never longer than the
+ring), then one token per step. A prompt longer than the cache keeps its head (the sinks, or `pin` tokens) and
+its tail; the result says how many tokens were evicted. The window may be a number or a function called before
+every step (the thermal controller's live window; a value beyond the ring is the whole ring). The model is any
+`DecoderBackend` (a bundle's `DecoderModel`, or `TorchDecoderModel` on CUDA).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from edgeattn.errors import ConfigError, InputError
-from edgeattn.runtime.generation.cache import KVCache
+from edgeattn.runtime.generation.backend import DecoderBackend
 from edgeattn.runtime.generation.decoder_bundle import DecoderModel
-from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
-from edgeattn.runtime.generation.text import TextStream
+from edgeattn.runtime.generation.engine import Engine, new_job
+from edgeattn.runtime.generation.sampling import SamplingConfig
 
 Window = int | Callable[[], int]
 
@@ -71,18 +73,10 @@ class GenerationResult:
         return len(self.tokens)
 
 
-def fit_prompt(ids: list[int], capacity: int, sinks: int, pin: int, reserve: int) -> tuple[list[int], int]:
-    """Keep the head (max(sinks, pin) tokens) and the tail so the kept prompt plus `reserve` fits the cache."""
-    budget = capacity - reserve
-    if len(ids) <= budget:
-        return ids, 0
-    head = min(max(sinks, pin), budget // 2)
-    tail = budget - head
-    return ids[:head] + ids[len(ids) - tail:], len(ids) - head - tail
-
-
 class Generator:
-    def __init__(self, model: DecoderModel) -> None:
+    """A one-slot client of the decode engine (engine.py): the same step the server's scheduler runs."""
+
+    def __init__(self, model: DecoderBackend) -> None:
         self.model = model
 
     @classmethod
@@ -100,89 +94,47 @@ class Generator:
 
     def prompt_ids(self, prompt: str | list[dict] | list[int]) -> list[int]:
         codec = self.model.codec
-        if isinstance(prompt, str):
-            return codec.encode(prompt)
         if isinstance(prompt, list) and prompt and all(isinstance(t, (int, np.integer)) for t in prompt):
             return [int(t) for t in prompt]
+        if codec is None:
+            raise InputError("prompt: this model has no tokenizer; give token ids")
+        if isinstance(prompt, str):
+            return codec.encode(prompt)
         if isinstance(prompt, list):
             return codec.encode(codec.render_chat(prompt))
         raise InputError(f"prompt: expected text, a list of chat messages or token ids, found {type(prompt).__name__}")
-
-    def _window(self, window: Window, config: GenerationConfig) -> int:
-        return self.model.check_window(window() if callable(window) else window)
-
-    def prefill(self, ids: list[int], cache: KVCache, stream: int, config: GenerationConfig,
-                window: Window) -> np.ndarray:
-        """Run the prompt in chunks; returns the last position's logits [V]."""
-        layout = self.model.layout
-        chunk = min(config.prefill_chunk, layout.window_max)
-        logits, done = None, 0
-        while done < len(ids):
-            w = self._window(window, config)
-            position = int(cache.positions[stream])
-            # the op scores a chunk's own keys with q (true distances): a chunk holding sink positions ends by
-            # t = sinks + W, where the sink rows' second rotation begins (docs/windowed-attention.md)
-            size = chunk if position >= layout.sinks else min(chunk, layout.sinks + layout.live_window(w) - position)
-            piece = np.asarray(ids[done:done + size], dtype=np.int64)[None]
-            logits = self.model.step(cache, [stream], piece, w, last_only=True)[0, -1]
-            done += piece.shape[1]
-        return logits
 
     def stream(self, prompt, config: GenerationConfig = GenerationConfig(), *, window: Window | None = None,
                result: GenerationResult | None = None) -> Iterator[Chunk]:
         """Yield text as it is generated; fills `result` (when given) as it goes."""
         model = self.model
-        if model.backend is None:
-            model.activate()
+        model.activate()
         window = config.window if window is None else window
-        self._window(window, config)  # a bad window fails before any work
-        sampler = Sampler(config.sampling)
-        ids = self.prompt_ids(prompt)
-        if not ids:
-            raise InputError("prompt: expected at least one token, found an empty prompt")
-        kept, evicted = fit_prompt(ids, model.layout.capacity, model.layout.sinks, config.pin,
-                                   reserve=min(config.max_tokens, model.layout.window_max // 2))
-        res = result if result is not None else GenerationResult("", [], "length", len(ids), evicted, [])
-        res.prompt_tokens, res.evicted_prompt_tokens = len(ids), evicted
-        cache = model.new_cache(1)
-        t0 = time.perf_counter()
-        logits = self.prefill(kept, cache, 0, config, window)
-        res.prefill_s = time.perf_counter() - t0
-        text_stream = TextStream(model.codec)
-        text = ""
-        t0 = time.perf_counter()
-        for _ in range(config.max_tokens):
-            token = sampler(logits)
-            if token in model.eos:
-                res.finish_reason = "stop"
-                break
-            res.tokens.append(token)
-            piece = text_stream.push(token)
-            w = self._window(window, config)
-            res.windows.append(w)
-            if piece:
-                cut = _stop_cut(text, piece, config.stop)
-                if cut is not None:
-                    piece = piece[:cut]
-                    text += piece
-                    res.finish_reason = "stop"
-                    if piece:
-                        yield Chunk(piece, token, w)
-                    break
-                text += piece
-                yield Chunk(piece, token, w)
-            if len(res.tokens) == config.max_tokens:
-                break
-            logits = model.step(cache, [0], np.array([[token]], dtype=np.int64), w, last_only=True)[0, -1]
-        else:
-            pass
-        if res.finish_reason != "stop":
-            tail = text_stream.flush()
-            if tail:
-                text += tail
-                yield Chunk(tail, None, res.windows[-1] if res.windows else 0)
-        res.text = text
-        res.decode_s = time.perf_counter() - t0
+        read = window if callable(window) else (lambda: window)
+        model.check_window(read())  # a bad window fails before any work
+        job = new_job(model.layout, self.prompt_ids(prompt), max_tokens=config.max_tokens, sampling=config.sampling,
+                      stops=config.stop, pin=config.pin)
+        res = result if result is not None else GenerationResult("", [], "length", 0, 0, [])
+        res.prompt_tokens, res.evicted_prompt_tokens = job.prompt_tokens, job.evicted
+        events: list = []
+        engine = Engine(model, slots=1, prefill_chunk=config.prefill_chunk, window=read, deliver=events.extend)
+        engine.add(job)
+        while job.finish_reason is None:
+            engine.step()
+            engine.flush()
+            for _, event in events:
+                if event.tokens:
+                    res.tokens.append(event.token)
+                    res.windows.append(event.window)
+                res.text += event.text
+                if event.text:
+                    yield Chunk(event.text, event.token, event.window)
+            events.clear()
+        if job.error is not None:
+            raise job.error
+        res.finish_reason = job.finish_reason
+        res.prefill_s = job.decoding_at - job.admitted_at
+        res.decode_s = job.finished_at - job.decoding_at
 
     def generate(self, prompt, config: GenerationConfig = GenerationConfig(), *,
                  window: Window | None = None) -> GenerationResult:
@@ -190,16 +142,3 @@ class Generator:
         for _ in self.stream(prompt, config, window=window, result=result):
             pass
         return result
-
-
-def _stop_cut(text: str, piece: str, stops: tuple[str, ...]) -> int | None:
-    """Where in `piece` the first stop string ends the text (the stop string itself is not returned)."""
-    if not stops:
-        return None
-    joined = text + piece
-    best = None
-    for s in stops:
-        i = joined.find(s, max(0, len(text) - len(s) + 1))
-        if i != -1 and (best is None or i < best):
-            best = i
-    return None if best is None else max(best - len(text), 0)

@@ -1,8 +1,8 @@
 """The same generation API on CUDA: a Hugging Face Llama-family model, its cache on the GPU, decode steps through
 the Triton kernels (plugins/kernels/cached_decode.py) and replayed as CUDA graphs.
 
-`TorchDecoderModel` has DecoderModel's interface (layout, codec, eos, new_cache, check_window, step), so
-`Generator(TorchDecoderModel(...))` generates exactly as it does from a bundle. Prefill chunks run eagerly
+`TorchDecoderModel` is a `DecoderBackend` (backend.py), as DecoderModel is, so the decode engine drives it
+unchanged: `Generator(TorchDecoderModel(...))` generates exactly as it does from a bundle. Prefill chunks run eagerly
 (edgeattn.attention.cached_torch); a decode step (one token per stream) is captured once per (streams, split
 count) and replayed: the live window is a device scalar the kernel reads, so changing it needs no new capture
 unless the split count (sized from the window on the host) changes.
@@ -57,7 +57,6 @@ class TorchDecoderModel:
                                    {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token") if getattr(tokenizer, k, None)})
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self._graphs: dict = {}
-        self.backend = self  # Generator checks `backend is None` before activating
 
     def activate(self) -> "TorchDecoderModel":
         return self

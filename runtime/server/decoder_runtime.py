@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.generation.decoder_bundle import DecoderModel
-from edgeattn.runtime.generation.generator import fit_prompt
-from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
+from edgeattn.runtime.generation.engine import new_job
+from edgeattn.runtime.generation.sampling import SamplingConfig
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.metrics import ServerMetrics
 from edgeattn.runtime.server.scheduler import Event, Job, SlotScheduler
@@ -110,10 +110,7 @@ class DecoderRuntime:
                stops: tuple[str, ...]) -> Stream:
         """Queue a request (QueueFull when the queue is full). The prompt is cut to head + tail if it does
         not fit the cache with room for the answer (`job.evicted` says how many tokens were left out)."""
-        layout = self.model.layout
-        kept, evicted = fit_prompt(prompt_ids, layout.capacity, layout.sinks, 0,
-                                   reserve=min(max_tokens, layout.window_max // 2))
-        job = Job(kept, len(prompt_ids), evicted, max_tokens, Sampler(sampling), stops)
+        job = new_job(self.model.layout, prompt_ids, max_tokens=max_tokens, sampling=sampling, stops=stops)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[job] = queue
         try:
@@ -123,8 +120,8 @@ class DecoderRuntime:
             raise
         g = self.metrics.generation
         g.prompt_tokens.labels(self.name).inc(len(prompt_ids))
-        if evicted:
-            g.evicted.labels(self.name).inc(evicted)
+        if job.evicted:
+            g.evicted.labels(self.name).inc(job.evicted)
         g.waiting.labels(self.name).set(self.scheduler.depth)
         return Stream(job, queue)
 

@@ -1,4 +1,4 @@
-"""Where a decoder's scheduler iterations spend their time: per-phase totals and the recent iterations.
+"""Where the decode engine's iterations spend their time: per-phase totals and the recent iterations.
 
 The worker thread adds the time of each phase of an iteration (admitting jobs, the prefill chunk's model call,
 the decode step's model call, sampling, detokenizing and stop strings, slot moves, handing events to the event

@@ -1,0 +1,65 @@
+"""What the decode engine (edgeattn.runtime.generation.engine) asks of a model: the `DecoderBackend` protocol.
+
+A backend owns the weights and the device; the engine owns the requests (slots, prefill chunks, sampling, stop
+strings, the window). Two backends satisfy it today: `DecoderModel` (a decoder bundle on ONNX Runtime or
+TensorRT, decoder_bundle.py) and `TorchDecoderModel` (a Hugging Face model on CUDA, torch_decoder.py); a new
+device is a new backend, never a new loop.
+
+| member | meaning |
+|---|---|
+| `layout` | the cache's geometry (`RingLayout`: sinks + a ring of `window_max` rows) |
+| `codec` | tokens <-> text (`TextCodec`), or None for a model that generates token ids only |
+| `eos` | the end-of-text token ids |
+| `vocab_size` | token ids are 0 .. vocab_size - 1 |
+| `activate()` / `deactivate()` | load / free the model; `activate` may be called again (no-op) |
+| `new_cache(streams)` | a cache of `streams` rows (a `StreamPositions`: `positions`, `held`, `reset`, `move`) |
+| `check_window(w)` | w as an int when 0 (the whole ring) .. `window_max`, else ConfigError |
+| `step(cache, streams, ids, window, last_only=)` | ids [len(streams), S] -> float logits [len(streams), S or 1, V]; those streams advance by S |
+
+The engine calls `step` with the decoding streams as consecutive rows from 0 (a backend may feed views of the
+cache, or replay a captured graph per row count), with one stream for a prefill chunk, and always with
+`last_only=True`.
+
+A backend that also chooses the next token on its device (so only token ids cross to the host) offers
+`step_sample(cache, streams, ids, window, sampling)`, with one `SamplingConfig` per stream, returning int64 token
+ids [len(streams)] for each stream's last position; the engine then calls it, instead of `step` and its own
+sampler, for every call whose tokens it needs (`SamplingBackend`). Such a backend owns the random state of
+sampled streams: a seed's reproducibility is then the backend's promise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from edgeattn.attention.ring import RingLayout
+from edgeattn.runtime.generation.cache import StreamPositions
+from edgeattn.runtime.generation.sampling import SamplingConfig
+from edgeattn.runtime.generation.text import TextCodec
+
+
+@runtime_checkable
+class DecoderBackend(Protocol):
+    layout: RingLayout
+    codec: TextCodec | None
+    eos: Collection[int]
+    vocab_size: int
+
+    def activate(self) -> object: ...
+
+    def deactivate(self) -> None: ...
+
+    def new_cache(self, streams: int = 1) -> StreamPositions: ...
+
+    def check_window(self, window: int) -> int: ...
+
+    def step(self, cache: StreamPositions, streams: list[int], ids: np.ndarray, window: int, *,
+             last_only: bool = False) -> np.ndarray: ...
+
+
+@runtime_checkable
+class SamplingBackend(DecoderBackend, Protocol):
+    def step_sample(self, cache: StreamPositions, streams: list[int], ids: np.ndarray, window: int,
+                    sampling: Sequence[SamplingConfig]) -> np.ndarray: ...

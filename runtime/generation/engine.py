@@ -1,0 +1,411 @@
+"""The decode engine: requests in slots of one KV cache, advanced by one step at a time. It is the only decode
+loop: `Generator` (the Python API, `edgeattn generate`, the Triton model) drives a one-slot engine, the server's
+`SlotScheduler` drives a many-slot one from a worker thread. The rules of a request live here once: the prompt
+kept when it is longer than the cache (`fit_prompt`), prefill chunks (`chunk_size`), sampling, end of text,
+stop strings (stops.py), the length limit and the live window.
+
+Every `step()`:
+1. ends cancelled jobs, drops finished ones and keeps the decoding jobs in slots 0..K-1 (a finished job's slot
+   is filled by moving the last one into it), so a decode step feeds the cache rows as views, never a copy;
+2. admits waiting jobs into every free slot at once. A job whose prompt has at most `prefill_in_step` tokens
+   joins the decoding jobs and rides along their steps, one prompt token a step (its prefill adds rows to the
+   step the others run anyway); any other job is prefilled in chunks, in a free slot above the decoding ones;
+3. runs one prefill chunk: of the first admitted job still prefilling (so a long prompt never stalls the
+   others by more than a chunk); a finished prefill joins the decoding jobs and samples its first token;
+4. drops the jobs that ended at their first token, then runs one decode step over every decoding slot.
+Whether a job is prefilled in chunks or in steps depends only on its own prompt's length, so its tokens do not
+depend on the other jobs. A slot's position is reset when a job takes it: the attention op never reads rows
+beyond a stream's position, so no job sees another's keys.
+
+A chunk holding sink positions ends by sinks + W: the op scores a chunk's own keys with q at true distances and
+the sink rows with q rotated at min(t, sinks + W), so a first chunk reaching past sinks + W would read the sinks
+farther away than token-by-token decoding does (docs/windowed-attention.md).
+
+The live window is read once a step and applies to every slot (the sinks are always kept; a window beyond the
+ring is the whole ring). Events go to `deliver(list of (job, Event))` in one call a step, made just before the
+next model call, so a server's event loop routes them while the model runs without the GIL. A model failure
+ends the jobs of that call (a prefill chunk: its job; a decode step: the decoding jobs) with finish reason
+`error: ...` and the exception in `job.error`; the other jobs go on. `profile` (a StepProfile) times every phase.
+The backend is any `DecoderBackend` (backend.py); one that samples on its device is used through `step_sample`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgeattn.attention.ring import RingLayout
+from edgeattn.errors import InputError
+from edgeattn.runtime.generation.backend import DecoderBackend, SamplingBackend
+from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
+from edgeattn.runtime.generation.step_profile import StepProfile
+from edgeattn.runtime.generation.stops import StopMatcher
+from edgeattn.runtime.generation.text import TextStream
+
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
+
+
+def fit_prompt(ids: list[int], capacity: int, sinks: int, pin: int, reserve: int) -> tuple[list[int], int]:
+    """Keep the head (max(sinks, pin) tokens) and the tail so the kept prompt plus `reserve` fits the cache."""
+    budget = capacity - reserve
+    if len(ids) <= budget:
+        return ids, 0
+    head = min(max(sinks, pin), budget // 2)
+    tail = budget - head
+    return ids[:head] + ids[len(ids) - tail:], len(ids) - head - tail
+
+
+def chunk_size(layout: RingLayout, position: int, chunk: int, window: int) -> int:
+    """Tokens of the next prefill chunk of a stream at `position`: at most `chunk` and the ring, and a chunk
+    holding sink positions ends by sinks + W."""
+    chunk = min(chunk, layout.window_max)
+    if position >= layout.sinks:
+        return chunk
+    return min(chunk, layout.sinks + layout.live_window(window) - position)
+
+
+@dataclass
+class Event:
+    """What one step produced for a job: text (maybe empty), new tokens (0 or 1, `token` the id), the window
+    and the finish reason on the last one."""
+
+    text: str
+    tokens: int
+    window: int
+    finish_reason: str | None = None
+    token: int | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    prompt: list[int]  # the kept prompt (head + tail when the original was longer than the cache)
+    prompt_tokens: int  # the original prompt's length
+    evicted: int  # prompt tokens left out
+    max_tokens: int
+    sampler: Sampler
+    stops: tuple[str, ...] = ()
+    arrived: float = field(default_factory=time.perf_counter)
+    slot: int | None = None
+    prefilled: int = 0
+    tokens: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    finish_reason: str | None = None
+    last_token_at: float = 0.0
+    text: TextStream | None = None
+    matcher: StopMatcher | None = None
+    admitted_at: float = 0.0
+    decoding_at: float = 0.0  # prefill done
+    finished_at: float = 0.0
+    error: BaseException | None = None  # the model failure that ended it
+
+    def cancel(self) -> None:
+        """The client went away: the engine frees the slot before its next step (thread-safe: a flag)."""
+        self.cancelled = True
+
+
+def new_job(layout: RingLayout, ids: list[int], *, max_tokens: int, sampling: SamplingConfig,
+            stops: tuple[str, ...] = (), pin: int = 0) -> Job:
+    """A job for a prompt's token ids; a prompt longer than the cache (with room for the answer) keeps its head
+    (the sinks, or `pin` tokens) and its tail, and `job.evicted` says how many tokens were left out."""
+    if not ids:
+        raise InputError("prompt: expected at least one token, found an empty prompt")
+    kept, evicted = fit_prompt(list(ids), layout.capacity, layout.sinks, pin,
+                               reserve=min(max_tokens, layout.window_max // 2))
+    return Job(kept, len(ids), evicted, max_tokens, Sampler(sampling), stops)
+
+
+Deliver = Callable[[list[tuple[Job, Event]]], None]
+
+
+class Engine:
+    """`add(job)` queues a job (thread-safe, under `lock`); `step()` advances every job by one iteration."""
+
+    def __init__(self, model: DecoderBackend, *, slots: int, prefill_chunk: int, window: Callable[[], int],
+                 deliver: Deliver, metrics=None, model_name: str = "", prefill_in_step: int = 0) -> None:
+        self.model, self.slots = model, slots
+        self.prefill_chunk, self.prefill_in_step = prefill_chunk, prefill_in_step
+        self.window, self.deliver = window, deliver
+        self.metrics, self.model_name = metrics, model_name  # GenerationMetrics (runtime.server.metrics) or None
+        self.cache = model.new_cache(slots)
+        self.decoding: list[Job] = []  # job i is in slot i
+        self.prefilling: list[Job] = []  # in free slots above the decoding ones, prefilled first come first
+        self.waiting: deque[Job] = deque()
+        self.lock = threading.Condition()  # guards `waiting`, `ending` and admission
+        self.ending = False  # shutdown: end every job at the next step with FINISH_ABORT
+        self.moves = 0  # slot moves (cache row copies) so far
+        self.profile = StepProfile()
+        self._events: list[tuple[Job, Event]] = []
+        self._device_sampling = isinstance(model, SamplingBackend)
+
+    # --- state, safe to read from other threads ------------------------------------------------------------
+    @property
+    def busy(self) -> int:
+        return len(self.decoding) + len(self.prefilling)
+
+    @property
+    def depth(self) -> int:
+        return len(self.waiting)
+
+    def idle(self) -> bool:
+        return not (self.decoding or self.prefilling or self.waiting)
+
+    def add(self, job: Job) -> None:
+        with self.lock:
+            self.waiting.append(job)
+            self.lock.notify()
+
+    def end_all(self) -> None:
+        """End every job at the next step (finish reason `abort`), waiting ones included."""
+        with self.lock:
+            self.ending = True
+            self.lock.notify()
+
+    # --- one iteration ---------------------------------------------------------------------------------------
+    def step(self) -> None:
+        clock, profile = time.perf_counter, self.profile
+        start = clock()
+        window = self._current_window()
+        with self.lock:
+            ending = self.ending
+            if ending:
+                while self.waiting:
+                    self._finish(self.waiting.popleft(), FINISH_ABORT, window)
+        for job in self.decoding + self.prefilling:
+            if job.cancelled or ending:
+                self._finish(job, FINISH_ABORT, window)
+        self._compact()
+        before = clock()
+        with self.lock:
+            self._admit()
+        profile.add("admit", clock() - before)
+        self.flush()  # the previous step's events: the event loop routes them while the model runs
+        prefill_tokens, prefill_s, decode_s, rows = 0, 0.0, 0.0, 0
+        if self.prefilling:
+            prefill_tokens, prefill_s = self._prefill_chunk(self.prefilling[0], window)
+            self._compact()  # a job that ended at its first token leaves before the decode step
+        if self.decoding:
+            rows = len(self.decoding)
+            decode_s = self._decode_step(window)
+        before = clock()
+        self._compact()
+        self.report()
+        profile.add("compact", clock() - before)
+        profile.iteration(rows, prefill_tokens, clock() - start, decode_s, prefill_s)
+
+    def _current_window(self) -> int:
+        w = int(self.window())
+        return self.model.check_window(w if w <= self.model.layout.window_max else 0)
+
+    def _admit(self) -> None:
+        """Every waiting job that a free slot can take, now (called under `lock`)."""
+        codec, now = self.model.codec, time.perf_counter()
+        while self.waiting and self.busy < self.slots:
+            job = self.waiting.popleft()
+            job.text, job.matcher, job.admitted_at = TextStream(codec), StopMatcher(job.stops), now
+            if len(job.prompt) <= self.prefill_in_step:
+                target = len(self.decoding)
+                occupant = self._prefilling_at(target)
+                if occupant is not None:  # keep the decoding slots dense: the chunked job moves up
+                    self._move(occupant, self._free_slot(besides=target))
+                job.slot = target
+                self.cache.reset(job.slot)
+                self.decoding.append(job)
+            else:
+                job.slot = self._free_slot()
+                self.cache.reset(job.slot)
+                self.prefilling.append(job)
+
+    def _free_slot(self, besides: int = -1) -> int:
+        used = {j.slot for j in self.decoding + self.prefilling} | {besides}
+        return next(s for s in range(self.slots) if s not in used)
+
+    def _prefilling_at(self, slot: int) -> Job | None:
+        return next((j for j in self.prefilling if j.slot == slot), None)
+
+    def _prefill_chunk(self, job: Job, window: int) -> tuple[int, float]:
+        """One chunk of a job being prefilled: (its tokens, the model call's seconds)."""
+        size = chunk_size(self.model.layout, int(self.cache.positions[job.slot]), self.prefill_chunk, window)
+        piece = job.prompt[job.prefilled:job.prefilled + size]
+        last = job.prefilled + len(piece) == len(job.prompt)
+        try:
+            tokens, seconds = self._call([job.slot], [piece], window, [job if last else None], "prefill_model")
+        except Exception as exc:
+            self._fail([job], exc, window)
+            return len(piece), 0.0
+        job.prefilled += len(piece)
+        if last:
+            self._join(job)
+            self._accept(job, tokens[0], window)
+        return len(piece), seconds
+
+    def _join(self, job: Job) -> None:
+        """A prefilled job takes slot K, next to the K decoding ones (a job prefilling there swaps with it)."""
+        target = len(self.decoding)
+        if job.slot != target:
+            occupant = self._prefilling_at(target)
+            if occupant is not None:
+                self.cache.swap(job.slot, target)
+                occupant.slot, job.slot = job.slot, target
+                self.moves += 1
+            else:
+                self._move(job, target)
+        self.decoding.append(job)
+        self.prefilling.remove(job)
+        job.decoding_at = time.perf_counter()
+
+    def _decode_step(self, window: int) -> float:
+        """One decode step over every decoding slot; returns the model call's seconds."""
+        jobs = list(self.decoding)
+        ids = [[j.prompt[j.prefilled] if j.prefilled < len(j.prompt) else j.tokens[-1]] for j in jobs]
+        wanted = [None if j.prefilled + 1 < len(j.prompt) else j for j in jobs]  # rows whose next token is due
+        try:
+            tokens, seconds = self._call(list(range(len(jobs))), ids, window, wanted, "decode_model")
+        except Exception as exc:
+            self._fail(jobs, exc, window)
+            return 0.0
+        if self.metrics is not None:
+            self.metrics.step_seconds.labels(self.model_name).observe(seconds)
+            self.metrics.step_rows.labels(self.model_name).observe(len(jobs))
+            overflow = sum(1 for j in jobs if self.cache.positions[j.slot] > self.model.layout.capacity)
+            if overflow:
+                self.metrics.evicted.labels(self.model_name).inc(overflow)
+        for job, token in zip(jobs, tokens):
+            if job.prefilled < len(job.prompt):  # a prompt token of a job prefilled in steps
+                job.prefilled += 1
+                if job.prefilled == len(job.prompt):
+                    job.decoding_at = time.perf_counter()
+            if token is not None:
+                self._accept(job, token, window)
+        return seconds
+
+    def _call(self, streams: list[int], ids: list[list[int]], window: int, wanted: list[Job | None],
+              phase: str) -> tuple[list[int | None], float]:
+        """One model call; the next token of each row whose job is given (None for the others), and the call's
+        seconds."""
+        batch = np.asarray(ids, dtype=np.int64)
+        before = time.perf_counter()
+        if self._device_sampling and any(wanted):
+            default = SamplingConfig()
+            chosen = self.model.step_sample(self.cache, streams, batch, window,
+                                            [j.sampler.config if j else default for j in wanted])
+            seconds = time.perf_counter() - before
+            self.profile.add(phase, seconds)
+            return [int(t) if j else None for t, j in zip(chosen, wanted)], seconds
+        logits = self.model.step(self.cache, streams, batch, window, last_only=True)
+        seconds = time.perf_counter() - before
+        self.profile.add(phase, seconds)
+        return [self._sample(j, logits[row, -1]) if j else None for row, j in enumerate(wanted)], seconds
+
+    def _sample(self, job: Job, logits: np.ndarray) -> int:
+        before = time.perf_counter()
+        token = job.sampler(logits)
+        self.profile.add("sample", time.perf_counter() - before)
+        return token
+
+    def _accept(self, job: Job, token: int, window: int) -> None:
+        now = time.perf_counter()
+        try:
+            self._record_token(job, token, window, now)
+        finally:
+            self.profile.add("accept", time.perf_counter() - now)
+
+    def _record_token(self, job: Job, token: int, window: int, now: float) -> None:
+        """Metrics, end of text, detokenizing, stop strings and the length limit for one chosen token."""
+        if self.metrics is not None:
+            if job.tokens or job.last_token_at:
+                self.metrics.itl.labels(self.model_name).observe(now - job.last_token_at)
+            else:
+                self.metrics.ttft.labels(self.model_name).observe(now - job.arrived)
+        job.last_token_at = now
+        if token in self.model.eos:
+            text, _ = self._final_text(job)
+            self._finish(job, FINISH_STOP, window, text)
+            return
+        job.tokens.append(token)
+        if self.metrics is not None:
+            self.metrics.generation_tokens.labels(self.model_name).inc()
+        text, stopped = job.matcher.feed(job.text.push(token))
+        if not stopped and len(job.tokens) >= job.max_tokens:
+            tail, stopped = self._final_text(job)
+            self._finish(job, FINISH_STOP if stopped else FINISH_LENGTH, window, text + tail, token)
+        elif stopped:
+            self._finish(job, FINISH_STOP, window, text, token)
+        else:
+            self._events.append((job, Event(text, 1, window, None, token)))
+
+    @staticmethod
+    def _final_text(job: Job) -> tuple[str, bool]:
+        """The text held back at the end (an unfinished character, the start of a stop string that never
+        came); True when it completes a stop string."""
+        text, stopped = job.matcher.feed(job.text.flush())
+        return (text, True) if stopped else (text + job.matcher.flush(), False)
+
+    def _finish(self, job: Job, reason: str, window: int, text: str = "", token: int | None = None) -> None:
+        if job.finish_reason is not None:
+            return
+        job.finish_reason, job.finished_at = reason, time.perf_counter()
+        self._events.append((job, Event(text, int(token is not None), window, reason, token)))
+        if self.metrics is not None:
+            self.metrics.finished.labels(self.model_name, reason.split(":")[0]).inc()
+
+    def _fail(self, jobs: list[Job], exc: BaseException, window: int) -> None:
+        for job in jobs:
+            job.error = exc
+            self._finish(job, f"error: {type(exc).__name__}: {exc}", window)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """End every job in a slot with the error (a failure outside the model calls)."""
+        self._fail(self.decoding + self.prefilling, exc, 0)
+        self._compact()
+        self.report()
+
+    def abort_all(self) -> None:
+        """End every job now, waiting ones included (shutdown)."""
+        with self.lock:
+            jobs = self.decoding + self.prefilling + list(self.waiting)
+            self.waiting.clear()
+        for job in jobs:
+            self._finish(job, FINISH_ABORT, 0)
+        self._compact()
+        self.report()
+
+    # --- slots ----------------------------------------------------------------------------------------------
+    def _compact(self) -> None:
+        """Drop finished jobs and move the last decoding jobs into the holes, so slots 0..K-1 stay dense."""
+        if any(j.finish_reason is not None for j in self.prefilling):
+            self.prefilling = [j for j in self.prefilling if j.finish_reason is None]
+        if all(j.finish_reason is None for j in self.decoding):
+            return
+        live = [j for j in self.decoding if j.finish_reason is None]
+        holes = sorted(j.slot for j in self.decoding if j.finish_reason is not None and j.slot < len(live))
+        movers = sorted((j for j in live if j.slot >= len(live)), key=lambda j: j.slot)
+        for job, hole in zip(movers, holes):
+            self._move(job, hole)
+        self.decoding = sorted(live, key=lambda j: j.slot)
+
+    def _move(self, job: Job, slot: int) -> None:
+        self.cache.move(job.slot, slot)
+        job.slot = slot
+        self.moves += 1
+
+    # --- output -----------------------------------------------------------------------------------------------
+    def report(self) -> None:
+        """The gauges: slots busy, jobs waiting, KV tokens held."""
+        if self.metrics is None:
+            return
+        m, name = self.metrics, self.model_name
+        m.running.labels(name).set(self.busy)
+        m.waiting.labels(name).set(len(self.waiting))
+        m.kv_tokens.labels(name).set(sum(self.cache.held(j.slot) for j in self.decoding + self.prefilling))
+
+    def flush(self) -> None:
+        if self._events:
+            before = time.perf_counter()
+            events, self._events = self._events, []
+            self.deliver(events)
+            self.profile.add("deliver", time.perf_counter() - before)
