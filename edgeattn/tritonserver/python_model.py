@@ -5,9 +5,9 @@
 (`triton_python_backend_utils`).
 
 A bundle's attention window (a scalar in the graph, `attention_window` in cpu bundles) is an optional input of
-the same name, one value per row (`[rows, 1]`); a request that leaves it out runs with the config's `edgeattn_window` parameter (0: full
-attention). The requests Triton's dynamic batcher hands over are run as batches of one window each
-(`edgeattn.tritonserver.window_batches`).
+the same name, one value per row (`[rows, 1]`); a request that leaves it out runs with the config's
+`edgeattn_window` parameter (0: full attention). The requests Triton's dynamic batcher hands over are run as
+batches of one window each (`edgeattn.tritonserver.window_batches`).
 """
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ def _together(items: list[Pending], infer) -> list[dict[str, np.ndarray]]:
     bounds = np.cumsum(rows)[:-1]
     for name, value in outputs.items():
         if value.shape[:1] != (sum(rows),):
-            raise RuntimeBackendError(f"output {name!r}: expected {sum(rows)} rows (the batch), found shape {value.shape}")
+            raise RuntimeBackendError(f"output {name!r}: expected {sum(rows)} rows (the batch), found shape "
+                                      f"{value.shape}")
     split = {name: np.split(value, bounds) for name, value in outputs.items()}
     return [{name: parts[j] for name, parts in split.items()} for j in range(len(items))]
