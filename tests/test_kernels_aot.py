@@ -100,3 +100,17 @@ def test_compile_variant_takes_any_arch_name_for_other_launchers():
     assert ".target sm_89" in kernel.ptx and kernel.arch == "sm_89"
     with pytest.raises(ConfigError, match="sm_87"):
         compile_variant(KernelVariant("decode_reduce", "fp16", 64), "ampere")
+
+
+@pytest.mark.parametrize("arch", ["sm_87", "sm_90", "sm_110"])
+def test_the_cuda_targets_decode_kernels_compile_for_jetson_and_hopper(arch):
+    """The ring decode pair the cuda target runs (split kernel + reduce), for Orin, H100/H200 and Thor."""
+    from edgeattn.plugins.kernels.aot import KernelVariant, compile_variant
+
+    split = compile_variant(KernelVariant("ring_decode_split", "bf16", 64), arch)
+    reduce = compile_variant(KernelVariant("decode_reduce", "bf16", 64), arch)
+    for kernel in (split, reduce):
+        assert kernel.cubin[:4] == b"\x7fELF" and f".entry {kernel.name}" in kernel.ptx
+        assert f".target {arch}" in kernel.ptx  # sm_90a / sm_110a: the arch-specific ISA
+    assert split.params[:6] == ["Q", "QS", "K", "V", "Pos", "Window"] and "Out" in split.params
+    assert split.constexprs["SPLITS"] > 1 and "_cached_decode_split_kernel" in split.name
