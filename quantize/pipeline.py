@@ -10,8 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from edgeattn.errors import ConfigError
+from edgeattn import hf_models, text
+from edgeattn.decoder.export import DecoderExportConfig
+from edgeattn.errors import ConfigError, InputError
 from edgeattn.quantize.config import QuantConfig, config_to_dict
+from edgeattn.quantize.distillation import DistillConfig, distill, init_distributed
+from edgeattn.quantize.fidelity import Probe, check_floor_kind, check_floor_values
 
 Progress = Callable[[str], None]
 
@@ -39,8 +43,6 @@ class QuantizeJob:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from edgeattn.quantize.fidelity import check_floor_values
-
         if self.steps < 0 or self.batch_size < 1 or self.seq_len < 8 or self.calib_batches < 1:
             raise ConfigError(f"expected steps >= 0, batch_size >= 1, seq_len >= 8, calib_batches >= 1; found "
                               f"{self.steps}, {self.batch_size}, {self.seq_len}, {self.calib_batches}")
@@ -53,11 +55,7 @@ class QuantizeJob:
 
 def prepare(job: QuantizeJob, progress: Progress = lambda m: None):
     """Load and check everything; returns (float model, tokenizer, kind, examples). No training yet."""
-    from edgeattn import hf_models
-    from edgeattn.errors import InputError
-    from edgeattn import text
-    from edgeattn.quantize.api import check_config
-    from edgeattn.quantize.fidelity import check_floor_kind
+    from edgeattn.quantize.api import check_config  # loads torch
 
     texts = list(job.texts) or text.lee_documents()
     model, tok, kind = hf_models.load(job.model)
@@ -86,10 +84,7 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     """prepare -> quantize_ -> calibrate -> distill -> fidelity -> export_qdq. Returns a manifest-style section.
 
     Raises FidelityError (nothing written) when the result is below the job's floor."""
-    from edgeattn import text
-    from edgeattn.quantize.api import calibrate, quantize_
-    from edgeattn.quantize.distillation import DistillConfig, distill, init_distributed
-    from edgeattn.quantize.fidelity import Probe
+    from edgeattn.quantize.api import calibrate, quantize_  # loads torch
     from edgeattn.quantize.qdq_export import export_qdq
 
     model, tok, kind, examples = prepare(job, progress)
@@ -122,8 +117,7 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
         if job.decoder:
             if kind != "decoder":
                 raise ConfigError(f"decoder: expected a causal LM, found an {kind} ({job.model})")
-            from edgeattn.decoder.export import DecoderExportConfig
-            from edgeattn.decoder.qdq import export_decoder_qdq
+            from edgeattn.quantize.decoder_qdq import export_decoder_qdq  # loads torch
 
             section["onnx"] = export_decoder_qdq(model, tok, job.out, DecoderExportConfig(sinks=job.sinks,
                                                                                         window_max=job.window_max))

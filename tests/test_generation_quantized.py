@@ -16,7 +16,7 @@ def test_quantized_decoder_bundle_generates(config_name, tmp_path):
 
     from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.decoder.export import DecoderExportConfig
-    from edgeattn.decoder.qdq import export_decoder_qdq
+    from edgeattn.quantize.decoder_qdq import export_decoder_qdq
     from edgeattn.quantize import calibrate, config_from_name, quantize_
     from edgeattn.runtime.generation.generator import GenerationConfig, Generator
 

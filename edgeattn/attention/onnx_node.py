@@ -12,7 +12,9 @@ import onnx
 from onnx import helper
 
 from edgeattn.attention import DOMAIN, OP_TYPE, OPSET_VERSION
+from edgeattn.attention.onnx_function import function_proto
 from edgeattn.errors import ConfigError, ModelError
+from edgeattn.onnx_model import opset_of
 
 PLUGIN_NAMESPACE = DOMAIN
 
@@ -43,9 +45,6 @@ def attach_function(model: onnx.ModelProto, body: str = "blocked") -> onnx.Model
     The body always reads a key padding mask: nodes given without one get an all-true mask [B, S_k]
     built from k's shape (ONNX Runtime cannot run a function body that names a missing input).
     """
-    from edgeattn.attention.onnx_function import function_proto
-    from edgeattn.onnx_model import opset_of
-
     opset = opset_of(model)
     if opset < 18:
         raise ModelError(f"edgeattn::WindowedAttention's ONNX body needs opset >= 18, found opset {opset}")

@@ -14,6 +14,7 @@ from edgeattn.attention import DOMAIN, OP_TYPE, OPSET_VERSION
 from edgeattn.attention.onnx_node import PLUGIN_NAMESPACE, check_attributes
 from edgeattn.attention.reference import windowed_attention_torch
 from edgeattn.errors import InputError
+from edgeattn.plugins.kernels import torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention
 
 
 def check_inputs(q, k, v, window, key_padding_mask=None) -> None:
@@ -52,8 +53,6 @@ def windowed_attention(q, k, v, window, key_padding_mask=None, *, causal: bool =
         return torch.onnx.ops.symbolic(f"{DOMAIN}::{OP_TYPE}", [q, k, v, w, key_padding_mask], attrs,
                                        dtype=q.dtype, shape=q.shape, version=OPSET_VERSION)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        import edgeattn.plugins.kernels.torch_ops  # noqa: F401  registers torch.ops.edgeattn.windowed_attention (Triton)
-
         w = window if isinstance(window, torch.Tensor) else torch.tensor(int(window), dtype=torch.int64)
         if not isinstance(window, torch.Tensor) and int(window) < 0:
             raise InputError(f"window: expected >= 0 (0 = full attention), found {int(window)}")

@@ -7,6 +7,7 @@ tensors under TRITON_INTERPRET=1; it checks its inputs here, once, before any ke
 
 from __future__ import annotations
 
+from edgeattn.errors import InputError
 from edgeattn.plugins.kernels import decode, prefill, prefill_hopper, tuning
 from edgeattn.plugins.kernels.launch import device_arch
 from edgeattn.plugins.kernels.tuning import HopperVariant
@@ -35,8 +36,6 @@ def windowed_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_pa
         hopper = hinted if isinstance(hopper, str) else hopper
     if isinstance(hopper, str):
         if hopper != "auto":
-            from edgeattn.errors import InputError
-
             raise InputError(f"hopper: expected a HopperVariant, a dict, None or 'auto', found {hopper!r}")
         hopper = tuning.PREFILL_HOPPER.get(arch) if q.is_cuda and use_tma is None else None
     tile = tuple(tile or tuning.prefill_tile(arch, d))
@@ -53,8 +52,6 @@ def windowed_prefill(q, k, v, window, *, sinks=0, causal=True, scale=0.0, key_pa
 
 def check_inputs(q, k, v, window, key_padding_mask) -> None:
     """InputError unless q, k, v, window and the padding mask are what the kernels accept."""
-    from edgeattn.errors import InputError
-
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise InputError(f"q, k, v: expected 4-D [B, H, S, D], found {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     b, h, s_q, d = q.shape
@@ -89,8 +86,6 @@ def windowed_attention(q, k, v, window, *, sinks: int = 0, causal: bool = True, 
     """
     check_inputs(q, k, v, window, key_padding_mask)
     if sinks < 0:
-        from edgeattn.errors import InputError
-
         raise InputError(f"sinks: expected >= 0, found {sinks}")
     group_rows = (q.shape[1] // k.shape[1]) * q.shape[2]
     use_decode = q.shape[2] <= tuning.DECODE_MAX_QUERIES and group_rows <= tuning.DECODE_MAX_GROUP_ROWS

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from edgeattn.attention.reference import allowed_mask_np
+
 MASK_PAIRS_MAX = 1 << 24  # up to 16M (query, key) pairs: count the reference mask; above: closed form
 
 
@@ -10,11 +14,7 @@ def attended_pairs(s_q: int, s_k: int, window: int, sinks: int, causal: bool) ->
 
     Queries are the last s_q of s_k positions; window 0, negative or >= s_k: full.
     """
-    import numpy as np
-
     if s_q * s_k <= MASK_PAIRS_MAX:
-        from edgeattn.attention.reference import allowed_mask_np
-
         return int(allowed_mask_np(s_q, s_k, window, sinks, causal).sum())
     p = np.arange(s_q, dtype=np.int64) + (s_k - s_q)  # p: [S_q] query positions
     w = s_k if window <= 0 or window >= s_k else window

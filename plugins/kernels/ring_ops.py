@@ -20,6 +20,8 @@ from edgeattn.optional import require
 
 torch = require("torch", "the edgeattn ring decode op")
 
+from edgeattn.attention.cached_torch import cached_windowed_attention  # noqa: E402  (after the torch check)
+
 OP_NAME = "edgeattn::ring_decode"
 
 
@@ -39,8 +41,6 @@ def ring_decode(q: torch.Tensor, q_sink: torch.Tensor, k: torch.Tensor, v: torch
                 splits: int) -> torch.Tensor:
     """Reference for non-CUDA devices: attends in float32 over the past rows and the new key (reads the window
     on the host), then writes the rows."""
-    from edgeattn.attention.cached_torch import cached_windowed_attention
-
     b = q.shape[0]
     out = cached_windowed_attention(q[:, :, None].float(), q_sink[:, :, None].float(), k[:, :, None].float(),
                                     v[:, :, None].float(), k_cache[:b].float(), v_cache[:b].float(), positions,
@@ -51,7 +51,7 @@ def ring_decode(q: torch.Tensor, q_sink: torch.Tensor, k: torch.Tensor, v: torch
 
 @ring_decode.register_kernel("cuda")
 def _ring_decode_cuda(q, q_sink, k, v, k_cache, v_cache, positions, window, sinks, scale, splits):
-    from edgeattn.plugins.kernels.cached_decode import cached_decode
+    from edgeattn.plugins.kernels.cached_decode import cached_decode  # loads triton
 
     _write_rows(k, v, k_cache, v_cache, positions, sinks)
     b = q.shape[0]

@@ -14,6 +14,8 @@ op traceable by torch.compile / torch.export.
 
 from __future__ import annotations
 
+from edgeattn.attention.reference import windowed_attention_torch
+from edgeattn.errors import InputError
 from edgeattn.optional import require
 
 torch = require("torch", "the edgeattn torch op")
@@ -22,8 +24,6 @@ OP_NAME = "edgeattn::windowed_attention"
 
 
 def _check_window_value(window) -> None:
-    from edgeattn.errors import InputError
-
     if window.dtype.is_floating_point or window.numel() != 1:
         raise InputError(f"window: expected an integer scalar tensor, found {window.dtype} {tuple(window.shape)}")
     if window.device.type == "cpu" and int(window.reshape(())) < 0:
@@ -35,8 +35,6 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
                        sinks: int = 0, causal: bool = True, scale: float = 0.0,
                        key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Reference implementation for non-CUDA devices (dense; reads the window on the host)."""
-    from edgeattn.attention.reference import windowed_attention_torch
-
     _check_window_value(window)
     return windowed_attention_torch(q, k, v, int(window.reshape(())), sinks=sinks, causal=causal,
                                     scale=scale, key_padding_mask=key_padding_mask)
@@ -44,7 +42,7 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window
 
 @windowed_attention.register_kernel("cuda")
 def _windowed_attention_cuda(q, k, v, window, sinks=0, causal=True, scale=0.0, key_padding_mask=None):
-    from edgeattn.plugins.kernels.dispatch import windowed_attention as triton_windowed_attention
+    from edgeattn.plugins.kernels.dispatch import windowed_attention as triton_windowed_attention  # loads triton
 
     _check_window_value(window)
     if window.device != q.device:

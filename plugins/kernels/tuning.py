@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgeattn.errors import ConfigError
+
 # Default prefill tile per (arch base, head dim): see `arch_base` for which archs share a row. sm_90: the
 # winners of the first H200 tile sweep in benchmarks/attention_h200.py (docs/kernels.md; 64x64 tiles
 # waste the least work at the window's edges and tied the larger tiles at full window). sm_87 / sm_110:
@@ -97,12 +99,8 @@ class HopperVariant:
 
     def __post_init__(self):
         if self.loop_stages is not None and not 1 <= self.loop_stages <= 6:
-            from edgeattn.errors import ConfigError
-
             raise ConfigError(f"loop_stages: expected None or 1..6, found {self.loop_stages}")
         if not 0 <= self.persistent <= 8:
-            from edgeattn.errors import ConfigError
-
             raise ConfigError(f"persistent: expected 0 (off) or 1..8 programs per SM, found {self.persistent}")
 
     @property

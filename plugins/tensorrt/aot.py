@@ -23,6 +23,7 @@ than 48 KiB of shared memory need the launcher to raise the kernel's dynamic sha
 from __future__ import annotations
 
 from edgeattn.errors import InputError
+from edgeattn.optional import require
 from edgeattn.plugins.kernels.aot import CompiledKernel, KernelVariant, compile_variant, prefill_launch
 
 PLUGIN_ID = "edgeattn::WindowedAttention"
@@ -49,8 +50,6 @@ def _current_arch() -> int:
 def register() -> None:
     """Register the plugin with TensorRT's plugin registry (idempotent per process)."""
     from typing import Tuple
-
-    from edgeattn.optional import require
 
     trt = require("tensorrt", "the TensorRT AOT attention plugin")
     trtp = require("tensorrt.plugin", "the TensorRT AOT attention plugin")

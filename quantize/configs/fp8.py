@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgeattn.quantize.config import QuantConfig, register_config
+from edgeattn.quantize.registry import QuantConfig, register_config
 
 
 @register_config

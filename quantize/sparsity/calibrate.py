@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from edgeattn.optional import require
+from edgeattn.quantize.sparsity.two_four import apply_mask_, two_four_mask
 
 DAMP = 0.01  # ridge term, as a share of mean(diag G)
 BLOCK = 128  # columns updated eagerly; the rest get one matrix product per block
@@ -70,8 +71,6 @@ def prune_two_four(weight, gram):
     n, k = weight.shape
     u = _inverse_factor(gram)
     if u is None:  # no usable statistics (the layer never ran): plain magnitude masking
-        from edgeattn.quantize.sparsity.masks import two_four_mask
-
         mask = two_four_mask(weight)
         return weight * mask, mask
     w = weight.detach().float().clone().to(u.device)  # w: [N, K], updated in place as columns are visited
@@ -99,8 +98,6 @@ def prune_two_four(weight, gram):
 
 def prune_layer_(linear, gram) -> None:
     """Prune `linear` 2:4 in place from its input Gram matrix: compensated weight copied in, mask applied."""
-    from edgeattn.quantize.sparsity.masks import apply_mask_
-
     weight, mask = prune_two_four(linear.weight.detach(), gram)
     linear.weight.copy_(weight)
     apply_mask_(linear, mask)

@@ -10,6 +10,7 @@ report shows the kept magnitude with and without, and the model is not changed f
 from __future__ import annotations
 
 from edgeattn.optional import require
+from edgeattn.quantize.sparsity.two_four import has_mask, kept_magnitude
 
 # consumer suffix -> producer suffixes, for feed-forward blocks with an elementwise activation between.
 FFN_PAIRS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -76,8 +77,6 @@ def apply_pair_permutations(model, config) -> dict[str, tuple[float, float]]:
     Returns consumer name -> (kept magnitude before, after).
     """
     torch = require("torch", "channel permutation")
-    from edgeattn.quantize.sparsity.masks import has_mask, kept_magnitude
-
     done = {}
     with torch.no_grad():
         for name, consumer, producers in _pairs(model):

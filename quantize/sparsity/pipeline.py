@@ -13,9 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import onnx
+
+from edgeattn import atomic, hf_models, text
 from edgeattn.errors import ConfigError
-from edgeattn.quantize.distillation import DistillConfig, sparsity_finetune
-from edgeattn.quantize.sparsity.masks import SparsityConfig
+from edgeattn.export import ExportConfig, export_module
+from edgeattn.gpu import check_device_name, resolve_device
+from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY
+from edgeattn.quantize.config import config_from_name
+from edgeattn.quantize.distillation import DistillConfig, distill, sparsity_finetune
+from edgeattn.quantize.fidelity import Probe, check_floor_kind, check_floor_values, describe
+from edgeattn.quantize.sparsity.masks import SparsityConfig, sparsify_
+from edgeattn.quantize.sparsity.qat import qat_after_sparsity
+from edgeattn.quantize.sparsity.two_four import strip_masks
 
 SIDECAR_SUFFIX = ".sparsity.json"
 
@@ -44,9 +54,6 @@ class SparsifyJob:
     max_ppl_increase: float | None = None  # decoders: fail above this perplexity increase, in percent
 
     def __post_init__(self) -> None:
-        from edgeattn.gpu import check_device_name
-        from edgeattn.quantize.fidelity import check_floor_values
-
         check_device_name(self.device)
         if self.calib_batches < 1:
             raise ConfigError(f"calib_batches: expected >= 1, found {self.calib_batches}")
@@ -56,8 +63,6 @@ class SparsifyJob:
             raise ConfigError(f"batch/seq_len/length_grouping: expected >= 1, >= 8, >= 1, found "
                               f"{self.batch}/{self.seq_len}/{self.length_grouping}")
         if self.qat is not None:
-            from edgeattn.quantize.config import config_from_name
-
             config_from_name(self.qat)  # an unknown name fails here, before any work
         self.finetune_config("encoder")  # validates steps, lr, time budget, cosine weight
         check_floor_values(self.min_cosine, self.max_ppl_increase)
@@ -75,11 +80,6 @@ class SparsifyJob:
 
 def add_sparse_metadata(onnx_path: Path, layers: list[str], decisions: dict[str, dict] | None = None) -> None:
     """Record the pruned layer names (and the per-layer decisions) in the ONNX metadata, atomically."""
-    import onnx
-
-    from edgeattn import atomic
-    from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY
-
     model = onnx.load(str(onnx_path))
     kept = [p for p in model.metadata_props if p.key not in (METADATA_KEY, DECISIONS_KEY)]
     del model.metadata_props[:]
@@ -98,25 +98,25 @@ def decisions_of(report) -> dict[str, dict]:
 def export_masked(model, kind: str, out: Path, layers: list[str], export: dict[str, Any],
                   decisions: dict[str, dict] | None = None) -> Path:
     """Export a copy whose masks are baked in (the constants are the masked weights)."""
-    from edgeattn.export import ExportConfig, export_module
-    from edgeattn.quantize.sparsity.masks import strip_masks
-
     path = export_module(strip_masks(model), kind, out, ExportConfig(**export))
     add_sparse_metadata(path, layers, decisions)
     return path
+
+
+def export_sparse_qdq(student, kind: str, out: str | Path, pruned: list[str],
+                      decisions: dict[str, dict] | None = None) -> dict[str, Any]:
+    """Export the QAT model as Q/DQ ONNX (masks baked in) and record the pruned layers in its metadata."""
+    from edgeattn.quantize.qdq_export import export_qdq  # loads torch
+
+    summary = export_qdq(strip_masks(student), kind, out)
+    add_sparse_metadata(Path(out), pruned, decisions)
+    return summary
 
 
 def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJob(),
                  progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Load, prune, fine-tune, (QAT), measure fidelity, export; returns the manifest section (also written
     beside `out`). Raises FidelityError, and writes nothing, when the result is below the job's floor."""
-    from edgeattn import atomic, hf_models
-    from edgeattn.gpu import resolve_device
-    from edgeattn import text
-    from edgeattn.quantize.distillation import distill
-    from edgeattn.quantize.fidelity import Probe, check_floor_kind, describe
-    from edgeattn.quantize.sparsity.masks import sparsify_, strip_masks
-
     out = Path(out)
     resolve_device(job.device)  # a CUDA device that is not there fails before any loading
     model, tok, kind = hf_models.load(model_name)
@@ -150,9 +150,6 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         teacher.cpu()
     pruned_hf = strip_masks(model) if job.save_hf else None  # saved once the fidelity check has passed
     if job.qat:
-        from edgeattn.quantize.config import config_from_name
-        from edgeattn.quantize.sparsity.qat import qat_after_sparsity
-
         section["fidelity_before_qat"] = probe.compare(model)
         progress(f"fidelity after 2:4: {describe(section['fidelity_before_qat'])}")
         progress(f"QAT {job.qat}, {job.qat_steps} steps, masks kept")
@@ -167,8 +164,6 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         section["saved_hf"] = str(job.save_hf)
     progress(f"exporting {out}")
     if job.qat:
-        from edgeattn.quantize.sparsity.qat import export_sparse_qdq
-
         section["qdq"] = export_sparse_qdq(model, kind, out, report.pruned, decisions_of(report))
     else:
         export_masked(model, kind, out, report.pruned, job.export, decisions_of(report))

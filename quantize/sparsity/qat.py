@@ -8,21 +8,20 @@ behind DequantizeLinear holds the same zeros, which the graph check verifies.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from edgeattn import text
 from edgeattn.optional import require
+from edgeattn.quantize.config import W8A8Config, config_to_dict
+from edgeattn.quantize.distillation import DistillConfig, distill
+from edgeattn.quantize.sparsity.two_four import is_two_four, masked_layers
 
 
 def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str], steps: int, *, config=None,
                        batch_size: int = 16, seq_len: int = 64, calib_batches: int = 8, lr: float = 1e-5) -> dict[str, Any]:
     """quantize_ (W8A8 unless `config`) -> calibrate -> distil, in place on the pruned `student`."""
     require("torch", "QAT")
-    from edgeattn import text
-    from edgeattn.quantize.api import calibrate, quantize_
-    from edgeattn.quantize.config import W8A8Config, config_to_dict
-    from edgeattn.quantize.distillation import DistillConfig, distill
-    from edgeattn.quantize.sparsity.masks import is_two_four, masked_layers
+    from edgeattn.quantize.api import calibrate, quantize_  # loads torch
 
     masked = len(masked_layers(student))
     config = config or W8A8Config()
@@ -35,15 +34,3 @@ def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str],
     return {"config": config_to_dict(config), "layers": report.as_dict(), "steps": steps,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "masks_kept": len(after) == masked and all(is_two_four(m.weight) for m in after.values())}
-
-
-def export_sparse_qdq(student, kind: str, out: str | Path, pruned: list[str],
-                      decisions: dict[str, dict] | None = None) -> dict[str, Any]:
-    """Export the QAT model as Q/DQ ONNX (masks baked in) and record the pruned layers in its metadata."""
-    from edgeattn.quantize.qdq_export import export_qdq
-    from edgeattn.quantize.sparsity.masks import strip_masks
-    from edgeattn.quantize.sparsity.pipeline import add_sparse_metadata
-
-    summary = export_qdq(strip_masks(student), kind, out)
-    add_sparse_metadata(Path(out), pruned, decisions)
-    return summary

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 
 from edgeattn.errors import ModelError
 from edgeattn.optional import require
+from edgeattn.quantize.sparsity.calibrate import collect_grams, prune_layer_
 
 
 class _Captured(Exception):
@@ -107,8 +108,6 @@ def prune_sequential_(model, chosen: dict, calibration: Iterable[dict],
                       progress: Callable[[str], None] = lambda msg: None) -> None:
     """Prune every Linear in `chosen` (name -> module) to 2:4, in place, masks applied, block by block."""
     torch = require("torch", "2:4 sparsity")
-    from edgeattn.quantize.sparsity.calibrate import collect_grams, prune_layer_
-
     calibration = list(calibration)
     blocks = find_blocks(model, chosen)
     calls = _capture_block_inputs(model, blocks[0], calibration)
