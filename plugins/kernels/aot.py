@@ -27,7 +27,7 @@ from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, prefill_tile
 
 ARCHS = {"sm_87": 87, "sm_90": 90, "sm_110": 110}
 DTYPES = {"fp16": "*fp16", "bf16": "*bf16"}
-KINDS = ("prefill", "decode_split", "decode_reduce")
+KINDS = ("prefill", "decode_split", "decode_reduce", "ring_decode_split")  # ring: the cuda target's decode
 DECODE_BLOCK_M = 16  # AOT decode variants serve GROUP * S_q <= 16 rows per kv head
 DECODE_SPLITS = 16  # programs per kv head in the AOT decode grid (a power of two)
 
@@ -75,6 +75,7 @@ def default_variants() -> list[KernelVariant]:
         for d in (64, 128):
             out += [KernelVariant("prefill", dtype, d, causal=c) for c in (True, False)]
             out += [KernelVariant("decode_split", dtype, d), KernelVariant("decode_reduce", dtype, d)]
+            out.append(KernelVariant("ring_decode_split", dtype, d))  # with decode_reduce: the cuda target's decode
     return out
 
 
@@ -130,7 +131,7 @@ def _ptx_target(ptx: str) -> str:
 
 def _kernel_and_constexprs(variant: KernelVariant, arch: int):
     """(jit kernel, constexprs, num_warps, num_stages, grid rule) of one variant: the AOT contract."""
-    from edgeattn.plugins.kernels import decode, prefill  # loads triton
+    from edgeattn.plugins.kernels import cached_decode, decode, prefill  # loads triton
 
     if variant.kind == "prefill":
         bm, bn, warps, stages = prefill_tile(arch, variant.head_dim)
@@ -142,6 +143,9 @@ def _kernel_and_constexprs(variant: KernelVariant, arch: int):
         const = dict(CAUSAL=variant.causal, HAS_PAD=variant.has_pad, HEAD_DIM=variant.head_dim,
                      BLOCK_M=DECODE_BLOCK_M, BLOCK_N=DECODE_BLOCK_N, SPLITS=DECODE_SPLITS)
         return decode._windowed_decode_split_kernel, const, 4, 3, f"({DECODE_SPLITS}, B * H_kv, 1)"
+    if variant.kind == "ring_decode_split":  # the sinks + ring cache's decode (cached_decode.py)
+        const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, BLOCK_N=DECODE_BLOCK_N, SPLITS=DECODE_SPLITS)
+        return cached_decode._cached_decode_split_kernel, const, 4, 2, f"({DECODE_SPLITS}, B * H_kv, 1)"
     const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, SPLITS=DECODE_SPLITS)
     return decode._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
 
@@ -175,9 +179,9 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
         if name in const:
             signature[name] = "constexpr"
             continue
-        if name in ("Q", "K", "V", "Out"):
+        if name in ("Q", "QS", "K", "V", "Out"):
             signature[name] = DTYPES[variant.dtype]
-        elif name == "Window":
+        elif name in ("Window", "Pos"):
             signature[name] = "*i64"
         elif name == "Mask":
             signature[name] = "*i8"
