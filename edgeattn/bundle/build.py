@@ -148,14 +148,25 @@ def sample_shapes(sig, config: BuildConfig, decoder: dict | None) -> tuple[Range
         return (seq := config.seq or DEFAULT_SEQ), shape_plan_for(sig, config.batch, seq, dims)
     sinks, window = int(decoder["sinks"]), int(decoder["window_max"])
     seq = config.seq or (1, 1, window)
-    if seq[2] > window:
-        raise ConfigError(f"--seq {':'.join(map(str, seq))}: expected chunks of at most the decoder's ring "
-                          f"({window} rows, window_max), found a maximum of {seq[2]}")
     derived[CACHE_DIM] = ((min(sinks + 1, sinks + window), sinks + window, sinks + window), "cache")
     if CACHE_DIM in dims and dims[CACHE_DIM][0] <= sinks:
         raise ConfigError(f"--dim {CACHE_DIM}={':'.join(map(str, dims[CACHE_DIM]))}: expected at least "
                           f"{sinks + 1} rows (the {sinks} sink rows and one of the ring), found {dims[CACHE_DIM][0]}")
     return seq, shape_plan_for(sig, config.batch, seq, dims, derived)
+
+
+PARITY_CHUNK = 8  # a decoder's parity chunk: a prefill of 8 tokens, so greedy agreement counts 8 positions
+
+
+def parity_sizes(shape_plan: ShapePlan, decoder: dict | None) -> dict[str, int]:
+    """The sizes parity runs at: the plan's opt sizes; a decoder's chunk at least PARITY_CHUNK tokens (its
+    opt is a decode step, one token) where the range allows."""
+    sizes = shape_plan.at("opt")
+    if decoder is not None:
+        for dim, kind in shape_plan.kinds.items():
+            if kind == "seq":
+                sizes[dim] = max(sizes[dim], min(PARITY_CHUNK, shape_plan.ranges[dim][2]))
+    return sizes
 
 
 def _kept_files(staging: Path, artifact: str, decoder: dict | None) -> dict:
@@ -195,7 +206,7 @@ def _check(source: onnx.ModelProto, model_path: Path, staging: Path, artifact, s
         # --as-inference: check against the source as inference
         reference = inference_reference(source, Path(tmp), model_path.stem) \
             if config.as_inference else model_path
-        result = parity_check.compare(reference, built, sig.inputs, shape_plan.at("opt"))
+        result = parity_check.compare(reference, built, sig.inputs, parity_sizes(shape_plan, decoder))
         parity = judge(result, config, quantized)
         progress("parity: " + parity_line(parity))
         if parity["status"] == "fail":
