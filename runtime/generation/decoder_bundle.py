@@ -1,4 +1,5 @@
-"""A decoder bundle opened for generation: its geometry, its text codec and one step of the model.
+"""A decoder bundle opened for generation: its geometry, its text codec and one step of the model (a
+`DecoderBackend`, backend.py, which the decode engine drives).
 
 `step` runs a chunk for some streams of a KVCache: it feeds the cache buffers as they are (views, no copy,
 when the streams are consecutive), writes the chunk's keys and values into the ring in place, and returns

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.generation.decoder_bundle import DecoderModel
-from edgeattn.runtime.generation.engine import new_job
+from edgeattn.runtime.generation.engine import Event, Job, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.metrics import ServerMetrics
-from edgeattn.runtime.server.scheduler import Event, Job, SlotScheduler
+from edgeattn.runtime.server.scheduler import SlotScheduler
 from edgeattn.runtime.server.served_model import longest_sequence
 from edgeattn.runtime.server.settings import ServeSettings
 
