@@ -186,12 +186,13 @@ class DecodeGraph:
         self.ids = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.window = torch.zeros((), dtype=torch.int64, device=dev)
+        self.active = torch.ones(batch, dtype=torch.int64, device=dev)  # rows whose draws count (the rest pad)
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
         fn = decode_greedy if greedy else decode_logits
         self.sampling = sampling  # DeviceSampling for `batch` rows: the graph samples (greedy rows included)
         if sampling is not None:
-            fn = _sampled(sampling)
+            fn = _sampled(sampling, self.active)
         self._pieces = {}
         if compile == "whole":
             fn = torch.compile(fn, fullgraph=True, dynamic=False)
@@ -221,25 +222,34 @@ class DecodeGraph:
         if drawn is not None:  # the warm-up runs drew: they do not count
             self.sampling.drawn.copy_(drawn)
 
-    def __call__(self, ids, positions, window):
-        """ids, positions: [batch] int64 tensors (any device); window: int or [] tensor -> [batch] on the device."""
+    def __call__(self, ids, positions, window, *, active: int | None = None):
+        """ids, positions: [batch] int64 tensors (any device); window: int or [] tensor; active: the first rows
+        that are real streams (default all) -> token ids [batch] (or logits [batch, V]) on the device.
+        Off CUDA (tests) the step runs eagerly, with no graph."""
         self.ids.copy_(ids, non_blocking=True)
         self.positions.copy_(positions, non_blocking=True)
         if isinstance(window, int):
             self.window.fill_(window)
         else:
             self.window.copy_(window, non_blocking=True)
+        self.active.fill_(0)
+        self.active[:self.batch if active is None else active] = 1
+        if self.ids.device.type != "cuda":
+            with self.torch.no_grad():
+                return self._run()
         if self.graph is None:
             self.capture()
         self.graph.replay()
         return self.out
 
 
-def _sampled(params):
+def _sampled(params, active):
     from edgeattn.runtime.cuda.sampling import sample
 
     def step(w, ids, positions, window, keys, values, splits=0, **pieces):
-        return sample(decode_logits(w, ids, positions, window, keys, values, splits, **pieces), params)
+        ids = sample(decode_logits(w, ids, positions, window, keys, values, splits, **pieces), params, advance=False)
+        params.drawn.add_(active)
+        return ids
 
     return step
 

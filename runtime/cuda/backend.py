@@ -1,0 +1,199 @@
+"""`CudaDecoder`: the decode engine's backend on an NVIDIA GPU (edgeattn.runtime.generation.backend's
+`SamplingBackend`): the cache lives on the device, a decode step is one CUDA graph replay per batch bucket, and
+the next tokens are chosen on the device, so only token ids cross to the host.
+
+Decode steps (one token for streams 0..n-1) replay a graph captured for the bucket (the next power of two >= n)
+and the attention kernel's split count (sized from the live window); rows n..bucket-1 run along and are
+ignored: they write the row their stream would write next, which that stream overwrites before reading it,
+and their draw counters do not move. Prefill chunks run eagerly (prefill.py). Sampling state (seed and draws
+so far) belongs to a cache row and moves with it, so a seeded stream draws the same tokens whatever runs beside.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeattn.attention.ring import RingLayout
+from edgeattn.errors import ConfigError, InputError
+from edgeattn.optional import require
+from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder
+from edgeattn.runtime.cuda.prefill import prefill_logits
+from edgeattn.runtime.cuda.sampling import DeviceSampling, sample
+from edgeattn.runtime.generation.cache import StreamPositions
+
+
+class CudaCache(StreamPositions):
+    """Per layer [streams, H_kv, C, D] on the device; positions on the host; per-row sampling state."""
+
+    def __init__(self, weights: PackedDecoder, streams: int) -> None:
+        if streams < 1:
+            raise ConfigError(f"streams: expected >= 1, found {streams}")
+        s = weights.shape
+        self.layout = RingLayout(s.sinks, s.window_max)
+        self.keys, self.values = weights.new_cache(streams)
+        self.positions = np.zeros(streams, dtype=np.int64)
+        self.sampling = DeviceSampling.for_streams(streams, weights.device)
+        self.seeds = np.array([self._fresh_seed() for _ in range(streams)], dtype=np.int64)
+
+    @staticmethod
+    def _fresh_seed() -> int:
+        return int.from_bytes(os.urandom(7), "little")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def reset(self, stream: int) -> None:
+        super().reset(stream)
+        self.sampling.drawn[stream] = 0
+        self.seeds[stream] = self._fresh_seed()
+
+    def move(self, src: int, dst: int) -> None:
+        super().move(src, dst)
+        self.sampling.drawn[dst] = self.sampling.drawn[src]
+        self.seeds[dst] = self.seeds[src]
+        self.reset(src)
+
+    def swap(self, a: int, b: int) -> None:
+        super().swap(a, b)
+        self.sampling.drawn[[a, b]] = self.sampling.drawn[[b, a]]
+        self.seeds[[a, b]] = self.seeds[[b, a]]
+
+
+class CudaDecoder:
+    """A Llama-family decoder on one GPU. `compile`: the decode step's torch.compile mode (decode_step)."""
+
+    def __init__(self, weights: PackedDecoder, codec=None, eos=(), *, compile: str = "layers") -> None:
+        self.torch = require("torch", "generation on CUDA")
+        self.weights = weights
+        s = weights.shape
+        self.layout = RingLayout(s.sinks, s.window_max)
+        self.codec, self.eos, self.vocab_size = codec, set(int(t) for t in eos), s.vocab
+        self.compile = compile
+        self._graphs: dict = {}
+        self.backend = self  # the engine checks `backend is None` before activating
+
+    @classmethod
+    def from_hf(cls, model, tokenizer=None, *, sinks: int = 4, window_max: int = 2048, **kw) -> "CudaDecoder":
+        codec = None
+        if tokenizer is not None:
+            from edgeattn.runtime.generation.text import TextCodec
+
+            codec = TextCodec(tokenizer.backend_tokenizer.to_str(), getattr(tokenizer, "chat_template", None),
+                              {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token") if getattr(tokenizer, k, None)})
+        eos = model.config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(PackedDecoder.from_hf(model, sinks=sinks, window_max=window_max), codec, eos, **kw)
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def activate(self) -> "CudaDecoder":
+        return self
+
+    def deactivate(self) -> None:
+        self._graphs.clear()
+
+    def new_cache(self, streams: int = 1) -> CudaCache:
+        return CudaCache(self.weights, streams)
+
+    def check_window(self, window: int) -> int:
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+            raise ConfigError(f"window: expected an integer, found {window!r}")
+        if not 0 <= int(window) <= self.layout.window_max:
+            raise ConfigError(f"window: expected 0 (the whole ring) to {self.layout.window_max}, found {int(window)}")
+        return int(window)
+
+    # --- steps -----------------------------------------------------------------------------------------------
+    def step(self, cache: CudaCache, streams: list[int], ids, window: int, *, last_only: bool = False) -> np.ndarray:
+        """ids [n, S] -> float32 logits on the host, [n, 1 or S, V]; the streams advance by S."""
+        ids, window = self._check(cache, streams, ids, window)
+        if self._is_decode(streams, ids):
+            logits = self._decode(cache, len(streams), ids[:, 0], window, None)[:, None]
+        else:
+            logits = self.torch.stack([self._prefill(cache, r, ids[i], window, last_only)
+                                       for i, r in enumerate(streams)])
+        self._advance(cache, streams, ids.shape[1])
+        return logits.float().cpu().numpy()
+
+    def step_sample(self, cache: CudaCache, streams: list[int], ids, window: int, sampling: Sequence) -> np.ndarray:
+        """ids [n, S] -> the next token of each stream, int64 [n], chosen on the device."""
+        ids, window = self._check(cache, streams, ids, window)
+        if len(sampling) != len(streams):
+            raise InputError(f"sampling: expected one setting per stream ({len(streams)}), found {len(sampling)}")
+        self._set_sampling(cache, streams, sampling)
+        if self._is_decode(streams, ids):
+            chosen = self._decode(cache, len(streams), ids[:, 0], window, cache.sampling)
+        else:
+            chosen = self.torch.cat([sample(self._prefill(cache, r, ids[i], window, True), _rows(cache.sampling, r))
+                                     for i, r in enumerate(streams)])
+        self._advance(cache, streams, ids.shape[1])
+        return chosen.cpu().numpy()
+
+    def _check(self, cache, streams, ids, window):
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(streams):
+            raise InputError("streams: expected at least one stream of the cache, found none")
+        if ids.ndim != 2 or ids.shape[0] != len(streams) or ids.shape[1] < 1:
+            raise InputError(f"ids: expected [{len(streams)}, S >= 1], found {list(ids.shape)}")
+        if ids.shape[1] > self.layout.window_max:
+            raise InputError(f"a chunk of {ids.shape[1]} tokens: expected at most the ring's {self.layout.window_max}")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
+        return self.torch.as_tensor(ids, device=self.weights.device), self.check_window(window)
+
+    @staticmethod
+    def _is_decode(streams, ids) -> bool:
+        return ids.shape[1] == 1 and list(streams) == list(range(len(streams)))
+
+    @staticmethod
+    def _advance(cache, streams, n: int) -> None:
+        cache.positions[np.asarray(streams)] += n
+
+    def _set_sampling(self, cache: CudaCache, streams, sampling) -> None:
+        rows = np.asarray(streams)
+        p, torch = cache.sampling, self.torch
+        seeds = [c.seed if c.seed is not None else int(cache.seeds[r]) for c, r in zip(sampling, rows)]
+        values = torch.tensor([[float(c.temperature), float(c.top_p)] for c in sampling])
+        ints = torch.tensor([[int(c.top_k), int(sd) & ((1 << 62) - 1)] for c, sd in zip(sampling, seeds)])
+        index = torch.as_tensor(rows, device=p.seeds.device)
+        values, ints = values.to(p.seeds.device, non_blocking=True), ints.to(p.seeds.device, non_blocking=True)
+        p.temperature[index], p.top_p[index] = values[:, 0], values[:, 1]
+        p.top_k[index], p.seeds[index] = ints[:, 0], ints[:, 1]
+
+    def _prefill(self, cache, row: int, ids, window: int, last_only: bool):
+        with self.torch.no_grad():
+            return prefill_logits(self.weights, ids, int(cache.positions[row]), window, cache.keys, cache.values,
+                                  row, last_only=last_only)
+
+    def _decode(self, cache: CudaCache, n: int, ids, window: int, sampling):
+        from edgeattn.plugins.kernels.cached_decode import cached_decode_splits
+
+        torch, s = self.torch, self.weights.shape
+        bucket = min(1 << (n - 1).bit_length(), cache.streams)
+        live = self.layout.live_window(window)
+        longest = int(cache.positions[:n].max()) + 1
+        keys = min(live, max(longest - s.sinks, 1))
+        keys = min(1 << (keys - 1).bit_length(), live)  # a few split counts as streams grow
+        sms = torch.cuda.get_device_properties(self.weights.device).multi_processor_count \
+            if self.weights.device.type == "cuda" else 4
+        splits = cached_decode_splits(bucket * s.kv_heads, s.sinks, keys, sms)
+        key = (id(cache), bucket, splits, sampling is not None)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = DecodeGraph(self.weights, cache.keys, cache.values, batch=bucket, splits=splits,
+                                compile=self.compile if self.weights.device.type == "cuda" else "none",
+                                greedy=False, sampling=sampling.rows(bucket) if sampling is not None else None)
+            self._graphs[key] = graph
+        padded = torch.zeros(bucket, dtype=torch.int64, device=ids.device)
+        padded[:n] = ids
+        positions = torch.as_tensor(cache.positions[:bucket], device=ids.device)
+        with torch.no_grad():
+            out = graph(padded, positions, window, active=n)
+        return out[:n]
+
+
+def _rows(params: DeviceSampling, row: int) -> DeviceSampling:
+    return DeviceSampling(*(t[row:row + 1] for t in (params.temperature, params.top_k, params.top_p, params.seeds,
+                                                      params.drawn)))
