@@ -147,6 +147,38 @@ def speed(device, smoke, modes):
     return rows
 
 
+def backend_steps(device, smoke):
+    """The engine's call into the GPU backend (CudaDecoder.step_sample): host work included, batch 1 and 64."""
+    from edgeattn.runtime.cuda.backend import CudaDecoder
+
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    rows = []
+    for batch, ctx in ((1, 8192), (64, 8192)) if not smoke else ((1, 256),):
+        dec = CudaDecoder.from_hf(model, sinks=4, window_max=ctx)
+        cache = dec.new_cache(batch)
+        for t in cache.keys + cache.values:
+            t.normal_()
+        greedy = [SamplingConfig()] * batch
+        ids = [[5]] * batch
+        for window in (0, 1024, 256):
+            cache.positions[:] = ctx
+            for _ in range(3):
+                dec.step_sample(cache, list(range(batch)), ids, window, greedy)
+            n = 200
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                dec.step_sample(cache, list(range(batch)), ids, window, greedy)
+            ms = 1e3 * (time.perf_counter() - t0) / n
+            row = {"engine": "edgeattn CudaDecoder.step_sample", "batch": batch, "context": ctx,
+                   "window": window or ctx, "host_ms_per_step": ms, "tokens_per_s": batch / (ms / 1e3)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        del cache, dec
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_step_h200.json"))
@@ -160,6 +192,7 @@ def main() -> None:
     parts = {"correctness": lambda: correctness(device, args.smoke),
              "parity": lambda: hf_parity(device, args.smoke),
              "speed": lambda: speed(device, args.smoke, args.modes.split(",")),
+             "backend": lambda: backend_steps(device, args.smoke),
              "peers": lambda: decode_speed(device, args.smoke)}
     for name in args.parts.split(","):
         t = time.perf_counter()
@@ -174,6 +207,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     table = [r for r in result.get("speed", []) if isinstance(r, dict)] + \
+            [r for r in result.get("backend", []) if isinstance(r, dict)] + \
             [r for r in result.get("peers", []) if isinstance(r, dict)]
     print(f"{'engine':44s} {'B':>3s} {'ctx':>5s} {'W':>5s} {'gpu ms':>7s} {'host ms':>8s} {'tok/s':>9s}")
     for r in table:

@@ -70,3 +70,26 @@ def test_a_window_past_the_ring_keeps_generating(tiny):
     result = Generator(backend(tiny, window_max=16)).generate(list(range(200, 230)),
                                                               GenerationConfig(max_tokens=40, window=8))
     assert len(result.tokens) > 0 and all(0 <= t < 49152 for t in result.tokens)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_graph_step_generates_what_hugging_face_generates(tiny):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    model, tok = tiny
+    model = model.to("cuda")
+    ids = tok("The window shrinks as the device heats up, and", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=24, min_new_tokens=24,
+                            do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+    for compile in ("none", "layers"):
+        result = Generator(backend(tiny, "cuda", compile=compile)).generate(ids, GenerationConfig(max_tokens=24))
+        assert result.tokens == hf[:len(result.tokens)] and len(result.tokens) >= 8, compile
+    seeded = GenerationConfig(max_tokens=16, sampling=SamplingConfig(temperature=1.0, top_k=50, seed=5))
+    a = Generator(backend(tiny, "cuda")).generate(ids, seeded).tokens
+    assert a == Generator(backend(tiny, "cuda")).generate(ids, seeded).tokens
