@@ -120,9 +120,13 @@ def directory(final: Path, *, owned: Callable[[Path], bool] | None = None,
     if final == final.parent:
         raise InputError(f"{final}: expected a folder path to create, found the file-system root")
     _check_replaceable(final, owned, what)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(final)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(final)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent))
+    except OSError as exc:
+        raise InputError(f"{final}: expected a place this user can write, found that a folder cannot be created "
+                         f"in {final.parent} ({exc.strerror or exc})") from None
     try:
         staging.chmod(0o777 & ~_umask())  # as mkdir would, not mkdtemp's owner-only 0700
         (staging / MARKER).write_text(f"{what}\n", encoding="utf-8")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgeattn.decoder.metadata import GENERATION_FILE, TOKENIZER_FILE
 from edgeattn.errors import BundleError
 from edgeattn.onnx_model import TensorSpec
 
@@ -98,6 +99,8 @@ class Manifest:
             d = json.loads(text)
         except json.JSONDecodeError as exc:
             raise BundleError(f"{where} is not valid JSON: {exc}") from None
+        if not isinstance(d, dict):
+            raise BundleError(f"{where}: expected a JSON object, found {type(d).__name__}")
         version = d.get("format_version")
         if version != FORMAT_VERSION:
             raise BundleError(f"{where}: expected format_version {FORMAT_VERSION}, found {version!r}")
@@ -105,16 +108,30 @@ class Manifest:
             d["inputs"] = [TensorSpec.from_dict(s) for s in d["inputs"]]
             d["outputs"] = [TensorSpec.from_dict(s) for s in d["outputs"]]
             manifest = cls(**d)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise BundleError(f"{where} is missing or has unexpected fields: {exc}") from None
         check_model_name(manifest.name, f"{where}: name")
-        if not isinstance(manifest.files, dict) or not isinstance(manifest.artifact, str):
+        if not isinstance(manifest.files, dict) or not isinstance(manifest.artifact, str) or \
+                not all(isinstance(v, str) for v in manifest.files.values()):
             raise BundleError(f"{where}: expected 'files' to map names to sha256 and 'artifact' to be a name")
+        if not isinstance(manifest.sections, dict):
+            raise BundleError(f"{where}: expected 'sections' to be an object, found {type(manifest.sections).__name__}")
         check_shape_ranges(manifest.shape_ranges, where)
         return manifest
 
     def input(self, role: str) -> TensorSpec | None:
         return next((s for s in self.inputs if s.role == role), None)
+
+    def loaded_files(self) -> list[object]:
+        """The files a runtime opens: the artifact and, for a decoder, its generation settings, its tokenizer
+        and its fast path. Each must be among the hashed files."""
+        names: list[object] = [self.artifact]
+        decoder = self.sections.get("decoder")
+        if isinstance(decoder, dict):
+            names += [GENERATION_FILE, TOKENIZER_FILE]
+            if "fast_path_model" in decoder:
+                names.append(decoder["fast_path_model"])
+        return names
 
     def hash_files(self, root: Path, names: list[str]) -> None:
         self.files = {n: sha256_file(root / n) for n in sorted(names)}
@@ -122,15 +139,16 @@ class Manifest:
     def verify_files(self, root: Path) -> None:
         """Raise BundleError naming the first file that is missing, outside the bundle or whose hash differs.
 
-        Every path is checked to lie inside the bundle before anything is read, and the artifact (the file
-        the runtime loads) must be among the hashed files."""
+        Every path is checked to lie inside the bundle before anything is read, and every file the runtime
+        loads (the artifact, a decoder's tokenizer, settings and fast path) must be among the hashed files."""
         if not self.files:
             raise BundleError(f"{root}: the manifest lists no files")
         paths = {name: inside(root, name, f"{root}: files") for name in self.files}
-        inside(root, self.artifact, f"{root}: artifact")
-        if self.artifact not in self.files:
-            raise BundleError(f"{root}: the artifact {self.artifact} is not among the hashed files; "
-                              f"expected every file the runtime loads to be listed")
+        for name in self.loaded_files():
+            inside(root, name, f"{root}: a file the runtime loads")
+            if name not in self.files:
+                raise BundleError(f"{root}: {name} is loaded by the runtime but is not among the hashed files; "
+                                  f"expected every file the runtime loads to be listed")
         for name, digest in self.files.items():
             path = paths[name]
             if not path.is_file():
