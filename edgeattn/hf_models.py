@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeattn.decoder.families import is_causal
 from edgeattn.errors import ModelError
 from edgeattn.optional import require
 
@@ -87,17 +88,23 @@ def _smollm2_checkpoint(root: Path) -> Path:
 
 
 def kind_of(config) -> str:
-    """'decoder' for causal LMs, 'encoder' otherwise."""
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    return "decoder" if ("CausalLM" in archs or getattr(config, "is_decoder", False)) else "encoder"
+    """'decoder' for causal LMs (also a multimodal model's language model, as in Gemma 3), 'encoder' otherwise."""
+    return "decoder" if is_causal(config) else "encoder"
 
 
-def load(name_or_dir: str | Path, *, attn_implementation: str = "eager"):
-    """(model, tokenizer, kind) in float32, eval mode; the tokenizer pads (with EOS when it had no pad token)."""
+def load_config(name_or_dir: str | Path):
+    """The model's transformers config alone (no weights)."""
+    transformers = require("transformers", "loading Hugging Face models")
+    return transformers.AutoConfig.from_pretrained(str(resolve(name_or_dir)))
+
+
+def load(name_or_dir: str | Path, *, attn_implementation: str = "eager", kind: str | None = None):
+    """(model, tokenizer, kind) in float32, eval mode; the tokenizer pads (with EOS when it had no pad token).
+    `kind` ("decoder" or "encoder"): load as that instead of what the config says."""
     transformers = require("transformers", "loading Hugging Face models")
     path = resolve(name_or_dir)
     config = transformers.AutoConfig.from_pretrained(str(path))
-    kind = kind_of(config)
+    kind = kind or kind_of(config)
     cls = transformers.AutoModelForCausalLM if kind == "decoder" else transformers.AutoModel
     try:
         model = cls.from_pretrained(str(path), attn_implementation=attn_implementation, dtype="float32")

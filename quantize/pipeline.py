@@ -12,6 +12,7 @@ from typing import Callable
 
 from edgeattn import hf_models, text
 from edgeattn.decoder.export import DecoderExportConfig
+from edgeattn.decoder.families import why_not
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.quantize.config import QuantConfig, config_to_dict
 from edgeattn.quantize.distillation import DistillConfig, distill, init_distributed
@@ -115,8 +116,8 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
         model.cpu()
         section["fidelity"] = probe.check(model, "quantize", job.min_cosine, job.max_ppl_increase, progress)
         if job.decoder:
-            if kind != "decoder":
-                raise ConfigError(f"decoder: expected a causal LM, found an {kind} ({job.model})")
+            if (reason := why_not(model.config)) is not None:
+                raise ConfigError(f"decoder: {reason} ({job.model})")
             from edgeattn.quantize.decoder_qdq import export_decoder_qdq  # loads torch
 
             section["onnx"] = export_decoder_qdq(model, tok, job.out, DecoderExportConfig(sinks=job.sinks,

@@ -2,7 +2,8 @@
 
 Inputs: q, q_sink [B, H, S, D]; k, v [B, H_kv, S, D] (the new tokens); past_key, past_value [B, H_kv, C, D]
 (the sinks + ring cache, `edgeattn.attention.ring`); cache_position [B] (tokens already in each stream);
-window (int64 scalar, 0 = the ring's size). Attributes: sinks, scale (0 = 1/sqrt(D)).
+window (int64 scalar, 0 = the ring's size). Attributes: sinks, scale (0 = 1/sqrt(D)), softcap (0 = none;
+c > 0: every score s becomes c * tanh(s / c) before the mask, Gemma 2's attention logit soft-capping).
 Output: out [B, H, S, D]. The cache is read, never written: the runtime writes the new rows into its
 buffers in place (`cached_reference.write_ring`), so no step copies the cache.
 
@@ -22,7 +23,7 @@ from edgeattn.attention.onnx_function import _Body, make_function
 
 CACHED_OP_TYPE = "CachedWindowedAttention"
 CACHED_INPUTS = ("q", "q_sink", "k", "v", "past_key", "past_value", "cache_position", "window")
-CACHED_ATTRIBUTES = {"sinks": 0, "scale": 0.0, "plugin_namespace": DOMAIN}
+CACHED_ATTRIBUTES = {"sinks": 0, "scale": 0.0, "softcap": 0.0, "plugin_namespace": DOMAIN}
 
 
 def _build_cached(b: _Body) -> str:
@@ -30,6 +31,9 @@ def _build_cached(b: _Body) -> str:
     i0, i1 = b.const(0), b.const(1)
     sinks = b.attr_const("sinks", onnx.AttributeProto.INT)
     scale_attr = b.attr_const("scale", onnx.AttributeProto.FLOAT)
+    cap = b.attr_const("softcap", onnx.AttributeProto.FLOAT)
+    no_cap = b.Equal(cap, b.const(0.0, np.float32))
+    cap_safe = b.Where(no_cap, b.const(1.0, np.float32), cap)
     qf, qsf, kf, vf = (b.Cast(x, to=TensorProto.FLOAT) for x in ("q", "q_sink", "k", "v"))
     pk, pv = b.Cast("past_key", to=TensorProto.FLOAT), b.Cast("past_value", to=TensorProto.FLOAT)
     q_shape, c_shape = b.Shape("q"), b.Shape("past_key")
@@ -86,6 +90,7 @@ def _build_cached(b: _Body) -> str:
     scores = []
     for (query, key, _), bias in zip(groups, biases):
         s = b.MatMul(query, b.Transpose(key, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, L]
+        s = b.Where(no_cap, s, b.Mul(b.Tanh(b.Div(s, cap_safe)), cap_safe))  # soft-capping (0: none)
         scores.append(b.Add(b.Reshape(s, b.vec(bsz, hkv, g, sq, b.const(-1))), bias))  # [B, H_kv, G, S, L]
     m = scores[0]
     m = b.reduce("ReduceMax", scores[0], -1)
@@ -110,9 +115,10 @@ def cached_function_proto(opset: int = 18) -> onnx.FunctionProto:
     return make_function(b, _build_cached(b), CACHED_OP_TYPE, CACHED_INPUTS, CACHED_ATTRIBUTES)
 
 
-def make_cached_node(inputs: list[str], *, out: str, sinks: int, scale: float = 0.0,
+def make_cached_node(inputs: list[str], *, out: str, sinks: int, scale: float = 0.0, softcap: float = 0.0,
                      name: str | None = None) -> onnx.NodeProto:
     if len(inputs) != len(CACHED_INPUTS):
         raise ValueError(f"expected inputs {CACHED_INPUTS}, found {len(inputs)}")
+    extra = {"softcap": float(softcap)} if softcap else {}  # written only when set: other graphs stay as they were
     return helper.make_node(CACHED_OP_TYPE, inputs, [out], name=name, domain=DOMAIN, sinks=int(sinks),
-                            scale=float(scale), plugin_namespace=DOMAIN)
+                            scale=float(scale), plugin_namespace=DOMAIN, **extra)

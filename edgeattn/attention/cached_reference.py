@@ -12,10 +12,11 @@ from edgeattn.attention.ring import RingLayout
 
 
 def cached_attention_np(q, q_sink, k, v, past_key, past_value, cache_position, window: int, *, sinks: int,
-                        scale: float = 0.0) -> np.ndarray:
+                        scale: float = 0.0, softcap: float = 0.0) -> np.ndarray:
     """float64. q, q_sink: [B, H, S, D] (rotated at t and at min(t, sinks + W)); k, v: [B, H_kv, S, D] (the new
     tokens, rotated at t); past_key/value: [B, H_kv, C, D]; cache_position: [B] tokens already in each stream.
-    -> [B, H, S, D]. The new tokens' rows are not written here: that is the runtime's ring write."""
+    -> [B, H, S, D]. softcap c > 0: each score s is c * tanh(s / c). The new tokens' rows are not written here:
+    that is the runtime's ring write."""
     q, q_sink, k, v, pk, pv = (np.asarray(t, dtype=np.float64) for t in (q, q_sink, k, v, past_key, past_value))
     b, h, s, d = q.shape
     h_kv, c = pk.shape[1], pk.shape[2]
@@ -50,6 +51,8 @@ def cached_attention_np(q, q_sink, k, v, past_key, past_value, cache_position, w
                     scores.append(query @ key * scale)
                     values.append(val)
                 sc = np.array(scores)
+                if softcap:
+                    sc = softcap * np.tanh(sc / softcap)
                 wts = np.exp(sc - sc.max())
                 out[bi, head, i] = (wts / wts.sum()) @ np.array(values)
     return out

@@ -28,20 +28,22 @@ def check_cached_inputs(q, k, past_key, cache_position, sinks: int) -> None:
 
 
 def cached_windowed_attention(q, q_sink, k, v, past_key, past_value, cache_position, window, *, sinks: int,
-                              scale: float = 0.0):
+                              scale: float = 0.0, softcap: float = 0.0):
     """q, q_sink: [B, H, S, D]; k, v: [B, H_kv, S, D]; past_key/value: [B, H_kv, C, D]; cache_position [B];
-    window: int64 scalar tensor (0 = C - sinks) -> [B, H, S, D]."""
+    window: int64 scalar tensor (0 = C - sinks) -> [B, H, S, D]. softcap c > 0: scores s become c * tanh(s / c)."""
     if torch.onnx.is_in_onnx_export():
         w = window.reshape(()).to(torch.int64)
         attrs = {"sinks": int(sinks), "scale": float(scale), "plugin_namespace": DOMAIN}
+        if softcap:  # only when set: graphs without it keep the attributes every consumer knows
+            attrs["softcap"] = float(softcap)
         return torch.onnx.ops.symbolic(f"{DOMAIN}::{CACHED_OP_TYPE}",
                                        [q, q_sink, k, v, past_key, past_value, cache_position, w], attrs,
                                        dtype=q.dtype, shape=q.shape, version=OPSET_VERSION)
     check_cached_inputs(q, k, past_key, cache_position, sinks)
-    return _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks, scale)
+    return _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks, scale, softcap)
 
 
-def _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks, scale):
+def _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks, scale, softcap=0.0):
     b, h, s, d = q.shape
     h_kv, c = past_key.shape[1], past_key.shape[2]
     g, wmax, dev = h // h_kv, c - sinks, q.device
@@ -66,8 +68,10 @@ def _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks,
     qg = (q.float() * scale).reshape(b, h_kv, g * s, d)
     qsg = (q_sink.float() * scale).reshape(b, h_kv, g * s, d)
     parts = ((qsg, ks, vs, ok_s), (qg, kw, vw, ok_w), (qg, k.float(), v.float(), ok_n))
-    scores = [(qq @ kk.transpose(-1, -2)).reshape(b, h_kv, g, s, -1).masked_fill(~ok[:, None, None], float("-inf"))
-              for qq, kk, _, ok in parts]
+    raw = [(qq @ kk.transpose(-1, -2)).reshape(b, h_kv, g, s, -1) for qq, kk, _, _ in parts]
+    if softcap:
+        raw = [torch.tanh(x / softcap) * softcap for x in raw]
+    scores = [x.masked_fill(~ok[:, None, None], float("-inf")) for x, (_, _, _, ok) in zip(raw, parts)]
     weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # every row reads its own key: no empty rows
     values = torch.cat([vv for _, _, vv, _ in parts], dim=2)  # [B, H_kv, L, D]
     out = weights.reshape(b, h_kv, g * s, -1) @ values  # [B, H_kv, G*S, D]

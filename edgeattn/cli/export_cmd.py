@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -16,11 +17,13 @@ import click
               help="windowed: replace the model's attention with edgeattn::WindowedAttention.")
 @click.option("--decoder", is_flag=True,
               help="A decoder for generation: the KV cache (sinks + ring) as inputs and outputs, the window at run "
-                   "time, the tokenizer inside (Llama-family causal LMs; dynamo exporter).")
+                   "time, the tokenizer inside (rotary causal LMs: Llama, Mistral, Qwen 2/3, Gemma 1/2/3, Phi-3; "
+                   "dynamo exporter).")
 @click.option("--sinks", default=4, show_default=True, help="--decoder: first tokens kept for the whole stream.")
 @click.option("--window-max", default=2048, show_default=True,
               help="--decoder: the ring's default size (the runtime may choose another).")
-def export(model, out, exporter, opset, attention, decoder, sinks, window_max):
+@click.option("--quiet", "-q", is_flag=True, help="--decoder: no progress on stderr, only the result.")
+def export(model, out, exporter, opset, attention, decoder, sinks, window_max, quiet):
     """Export MODEL to ONNX: an alias of a packaged model (minilm, smollm2) or a Hugging Face folder."""
     if decoder:
         from edgeattn.decoder.export import DecoderExportConfig, export_decoder
@@ -28,10 +31,43 @@ def export(model, out, exporter, opset, attention, decoder, sinks, window_max):
         if exporter != "dynamo" or attention != "native":
             raise click.UsageError("--decoder uses the dynamo exporter and its own attention: drop --exporter "
                                    "and --attention")
-        path = export_decoder(model, out, DecoderExportConfig(sinks=sinks, window_max=window_max, opset=opset))
+        with stages(quiet) as progress:
+            path = export_decoder(model, out, DecoderExportConfig(sinks=sinks, window_max=window_max, opset=opset),
+                                  progress=progress)
         click.echo(f"wrote {path}")
         return
     from edgeattn.export import ExportConfig, export_hf
 
     path = export_hf(model, out, ExportConfig(exporter=exporter, opset=opset, attention=attention))
     click.echo(f"wrote {path}")
+
+
+@contextmanager
+def stages(quiet: bool):
+    """A `progress(stage, estimated seconds)` callback drawing each stage on stderr (rich): a spinner, the time
+    spent, the estimate; a finished stage stays as one line with its time."""
+    if quiet:
+        yield lambda stage, seconds: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("[dim]{task.fields[hint]}"))
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        current = []
+
+        def progress(stage: str, seconds: float | None) -> None:
+            if current:
+                bar.update(current[-1], completed=1, hint="")
+                bar.stop_task(current[-1])
+            hint = f"about {_duration(seconds)}" if seconds else ""
+            current.append(bar.add_task(stage, total=1, hint=hint))
+
+        yield progress
+        if current:
+            bar.update(current[-1], completed=1, hint="")
+            bar.stop_task(current[-1])
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

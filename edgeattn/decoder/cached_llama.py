@@ -1,4 +1,4 @@
-"""A Llama-family causal LM that reads and returns its KV cache through edgeattn::CachedWindowedAttention.
+"""A rotary causal LM that reads and returns its KV cache through edgeattn::CachedWindowedAttention.
 
 The Hugging Face model's own modules (embeddings, norms, projections, MLPs, rotary embedding, LM head) do
 the work; only attention and the cache are ours. One call runs a chunk of S new tokens per stream:
@@ -8,16 +8,22 @@ the work; only attention and the cache are ours. One call runs a chunk of S new 
 `presents` are the chunk's keys (rotated at their true positions) and values, [B, H_kv, S, D] per layer:
 the caller writes them into its ring (`cached_torch.write_ring_`, or the runtime's numpy writer). Queries are
 rotated twice: at t for the window rows and at min(t, sinks + W) for the sink rows (edgeattn.attention.ring).
+
+Family differences (edgeattn.decoder.families) are read off the modules: a fused `qkv_proj` (Phi-3), q/k
+norms (Qwen 3, Gemma 3), norms after attention and around the MLP (Gemma 2 / 3), partial rotary (the
+rotary tables narrower than a head), a rotary embedding per layer type (Gemma 3's local base), soft-capped
+attention and final logits (Gemma 2). A layer with a trained sliding window T reads min(W, T) keys.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from edgeattn.attention.cached_torch import cached_windowed_attention
+from edgeattn.decoder import families
 from edgeattn.errors import ModelError
-
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "smollm3")
 
 
 def _rotate_half(x):
@@ -26,51 +32,93 @@ def _rotate_half(x):
 
 
 def apply_rope(x, cos, sin):
-    """x: [B, H, S, D]; cos, sin: [B, S, D]."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+    """x: [B, H, S, D]; cos, sin: [B, S, R], R <= D: the first R features rotate (partial rotary), the rest pass."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+    x_rot, x_pass = x[..., :r], x[..., r:]
+    return torch.cat((x_rot * cos[:, None] + _rotate_half(x_rot) * sin[:, None], x_pass), dim=-1)
+
+
+def _parts(hf_model):
+    """(the text backbone with .layers / .embed_tokens / .norm / .rotary_emb, the LM head)."""
+    backbone = hf_model.model
+    backbone = getattr(backbone, "language_model", None) or backbone  # multimodal Gemma 3: its text model
+    head = getattr(hf_model, "lm_head", None) or hf_model.get_output_embeddings()
+    return backbone, head
 
 
 class CachedDecoder(torch.nn.Module):
     def __init__(self, hf_model, sinks: int):
         super().__init__()
-        config = hf_model.config
-        if config.model_type not in SUPPORTED:
-            raise ModelError(f"decoder export: expected a Llama-family model ({', '.join(SUPPORTED)}), "
-                             f"found model_type {config.model_type!r}")
+        reason = families.why_not(hf_model.config)
+        if reason:
+            raise ModelError(f"decoder export: {reason}")
+        config = families.text_config(hf_model.config)
         self.inner = hf_model
+        self.backbone, self.head = _parts(hf_model)
         self.sinks = int(sinks)
-        self.layers = hf_model.model.layers
+        self.layers = self.backbone.layers
         first = self.layers[0].self_attn
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = first.head_dim
         self.scale = float(first.scaling)
+        self.windows = families.layer_windows(config)
+        if any(self.windows) and self.sinks:
+            raise ModelError(f"decoder export: layers with a trained sliding window read exactly their window; sinks "
+                             f"would add {self.sinks} keys to it: expected sinks 0, found {self.sinks}")
+        self.layer_types = getattr(config, "layer_types", None) or [None] * len(self.layers)
+        rope = self.backbone.rotary_emb
+        self._rope_by_type = "layer_type" in inspect.signature(rope.forward).parameters
+        self.attn_softcap = float(getattr(config, "attn_logit_softcapping", None) or 0.0)
+        self.final_softcap = float(getattr(config, "final_logit_softcapping", None) or 0.0)
+
+    def _rotary(self, h, positions, layer_type):
+        rope = self.backbone.rotary_emb
+        return rope(h, positions, layer_type) if self._rope_by_type else rope(h, positions)
+
+    def _qkv(self, attn, x, b, s):
+        """q [B, H, S, D], k, v [B, H_kv, S, D] from the layer's projections (separate or one fused qkv_proj)."""
+        hd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        if hasattr(attn, "qkv_proj"):
+            q, k, v = attn.qkv_proj(x).split((hd, kvd, kvd), dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        return q, *(t.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
 
     def forward(self, input_ids, cache_position, window, *past):
-        m = self.inner.model
+        m = self.backbone
         b, s = input_ids.shape
         positions = cache_position.reshape(b, 1) + torch.arange(s, device=input_ids.device)  # [B, S]
         wmax = past[0].shape[2] - self.sinks
         w = window.reshape(()).to(torch.int64)
         w = torch.where((w <= 0) | (w > wmax), torch.full_like(w, wmax), w)
         sink_positions = torch.minimum(positions, self.sinks + w)
-        h = m.embed_tokens(input_ids)
-        cos, sin = m.rotary_emb(h, positions)
-        cos_s, sin_s = m.rotary_emb(h, sink_positions)
+        h = m.embed_tokens(input_ids)  # Gemma's embedding module applies its sqrt(hidden) scale itself
+        tables = {t: (self._rotary(h, positions, t), self._rotary(h, sink_positions, t)) for t in set(self.layer_types)}
+        capped = {t: torch.minimum(w, torch.full_like(w, t)) for t in set(self.windows) if t}  # min(W, trained)
         presents = []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)  # q: [B, H, S, D]
-            k = attn.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)  # k: [B, H_kv, S, D]
-            v = attn.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms before RoPE
+            (cos, sin), (cos_s, sin_s) = tables[self.layer_types[i]]
+            q, k, v = self._qkv(attn, layer.input_layernorm(h), b, s)
+            if hasattr(attn, "q_norm"):  # Qwen3 / Gemma 3: per-head norms before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q_t, q_s, k_t = apply_rope(q, cos, sin), apply_rope(q, cos_s, sin_s), apply_rope(k, cos, sin)
-            o = cached_windowed_attention(q_t, q_s, k_t, v, past[2 * i], past[2 * i + 1], cache_position, window,
-                                          sinks=self.sinks, scale=self.scale)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            o = cached_windowed_attention(q_t, q_s, k_t, v, past[2 * i], past[2 * i + 1], cache_position,
+                                          capped.get(self.windows[i], window), sinks=self.sinks,
+                                          scale=float(attn.scaling), softcap=self.attn_softcap)
+            o = attn.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+            if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3: sandwich norms
+                h = h + layer.post_attention_layernorm(o)
+                h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+            else:
+                h = h + o
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
             presents += [k_t, v]
-        logits = self.inner.lm_head(m.norm(h))
+        logits = self.head(m.norm(h))
+        if self.final_softcap:  # Gemma 2: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return (logits, *presents)
