@@ -38,3 +38,28 @@ def test_a_failed_write_keeps_the_old_artifact(tmp_path):
     with pytest.raises(TypeError):
         atomic.write_bytes(tmp_path / "m.onnx", "not bytes")  # fails inside the write
     assert (tmp_path / "m.onnx").read_text() == "old" and not list(tmp_path.glob(".m.onnx.*"))
+
+
+def test_a_published_temporary_file_gets_the_umask_mode_not_0600(tmp_path, umask):
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=tmp_path)
+    os.close(fd)
+    atomic.publish(tmp, tmp_path / "model.onnx")
+    assert mode(tmp_path / "model.onnx") == 0o666 & ~umask and not os.path.exists(tmp)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_an_exported_model_gets_the_umask_mode(tmp_path, mask):
+    """`edgeattn export` writes through a temporary file: the result is readable as any new file is."""
+    pytest.importorskip("transformers")
+    from edgeattn.export import ExportConfig, export_module
+    from test_fusion_models import _tiny
+
+    model, kind = _tiny("bert", "eager")
+    old = os.umask(mask)
+    try:
+        path = export_module(model, kind, tmp_path / "m.onnx", ExportConfig(exporter="torchscript"))
+    finally:
+        os.umask(old)
+    assert mode(path) == 0o666 & ~mask

@@ -136,3 +136,16 @@ def test_auto_target_without_gpu_is_cpu(monkeypatch):
     monkeypatch.setattr(targets, "detect_gpu", lambda: None)
     target, why = targets.resolve_target("auto")
     assert target.name == "cpu" and "no NVIDIA GPU" in why
+
+
+def test_a_missing_model_is_said_before_any_model_library_loads(tmp_path):
+    """`edgeattn build missing.onnx` checks its paths first: no onnxruntime, onnx_ir or torch is imported."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nfrom edgeattn.cli.main import cli\ntry:\n    cli(['build', 'missing.onnx'])\n"
+              "except SystemExit as exc:\n    code = exc.code\n"
+              "print(code, [m for m in ('onnxruntime', 'onnx_ir', 'torch', 'transformers') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "model file not found: missing.onnx" in proc.stderr
+    assert proc.stdout.split() == ["2", "[]"]
