@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from edgeattn.errors import ConfigError
+from edgeattn.quantize.progress import StepProgress
 
 SCHEDULES = ("constant", "cosine", "linear")
 HIDDEN_NORMS = ("token", "layer")
@@ -234,9 +235,10 @@ def _save(path: Path, student, opt, step: int, cfg: DistillConfig) -> None:
 
 def distill(student, teacher, batches: Iterator[dict], kind: str, cfg: DistillConfig = DistillConfig(),
             log: Callable[[str], None] = lambda msg: None,
-            on_step: Callable[[int, float], None] | None = None) -> DistillResult:
+            on_step: Callable[[int, float], None] | None = None, task: str = "distillation") -> DistillResult:
     """Train `student` (in place) to follow `teacher` on `batches` (global batches; each rank takes its
-    slice). Returns the losses and how many steps ran."""
+    slice). Returns the losses and how many steps ran. `log` gets text lines and, after every step, a
+    `StepProgress` named `task` (steps done of the total, elapsed time, the loss)."""
     import torch
     from torch import nn
 
@@ -305,9 +307,11 @@ def distill(student, teacher, batches: Iterator[dict], kind: str, cfg: DistillCo
             bar.set_postfix(loss=f"{result.losses[-1]:.4g}")
         if on_step is not None:
             on_step(step, result.losses[-1])
-        if step % 100 == 0:
-            log(f"step {step + 1} ({done:.0%}) loss {result.losses[-1]:.4g}")
         step += 1
+        if rank == 0:
+            elapsed = time.time() - started
+            log(StepProgress(task, step, cfg.steps, elapsed, loss=result.losses[-1],
+                             fraction=fraction_done(cfg, step, elapsed) if cfg.time_budget_s is not None else None))
         if ckpt is not None and rank == 0 and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             _save(ckpt, student, opt, step, cfg)
     if bar is not None:

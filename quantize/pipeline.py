@@ -106,8 +106,9 @@ def run_quantize(job: QuantizeJob, progress: Progress = lambda m: None) -> Quant
     losses = []
     if job.steps:
         cfg = DistillConfig(steps=job.steps, lr=job.lr, scale_lr=job.scale_lr, checkpoint_dir=job.checkpoint_dir,
-                            seed=job.seed)
-        losses = distill(model, teacher, text.sampled_batches(examples, job.batch_size, job.seed), kind, cfg).losses
+                            seed=job.seed, progress=False)  # the steps go to `progress` (StepProgress)
+        losses = distill(model, teacher, text.sampled_batches(examples, job.batch_size, job.seed), kind, cfg,
+                         log=progress, task="QAT").losses
     section = {"config": config_to_dict(job.config), "layers": report.as_dict(), "steps": job.steps,
                "smoothing": smoothing,
                "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from edgeattn.cli.progress_display import ProgressDisplay
 from edgeattn.quantize.config import config_names
 
 
@@ -36,8 +37,9 @@ from edgeattn.quantize.config import config_names
 @click.option("--sinks", default=4, show_default=True, help="--decoder: first tokens kept for the whole stream.")
 @click.option("--window-max", default=2048, show_default=True, help="--decoder: the ring's default size.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output Q/DQ .onnx file.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (the result lines still print).")
 def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, lr, scale_lr, checkpoint_dir,
-             smooth_alpha, min_cosine, max_ppl_increase, decoder, sinks, window_max, out):
+             smooth_alpha, min_cosine, max_ppl_increase, decoder, sinks, window_max, out, quiet):
     """Quantization-aware training with distillation, exported as Q/DQ ONNX for TensorRT and ONNX Runtime."""
     from edgeattn import text
     from edgeattn.quantize.config import config_from_name
@@ -49,7 +51,8 @@ def quantize(model, config_name, block_size, calib, steps, batch_size, seq_len, 
                       lr=lr, scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, smooth_alpha=smooth_alpha,
                       min_cosine=min_cosine, max_ppl_increase=max_ppl_increase, decoder=decoder, sinks=sinks,
                       window_max=window_max)
-    result = run_quantize(job, progress=lambda m: click.echo(m, err=True))
+    with ProgressDisplay(quiet=quiet) as progress:
+        result = run_quantize(job, progress=progress)
     s = result.section
     if s["onnx"]:
         click.echo(f"wrote {out}: {s['onnx']['quantized_matmuls']} quantized MatMuls "

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from edgeattn.cli.progress_display import ProgressDisplay
 from edgeattn.quantize.config import config_names
 
 
@@ -47,9 +48,10 @@ from edgeattn.quantize.config import config_names
                    "on held-out text.")
 @click.option("--max-ppl-increase", type=float, default=None,
               help="Decoders: fail (exit 7, nothing written) above this perplexity increase on held-out text, in percent.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr (the result lines still print).")
 def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gemm_dtype, speed_table, permute,
              skip, lr, batch, seq_len, qat, qat_steps, device, bf16, time_budget_s, calib_batches, save_hf,
-             min_cosine, max_ppl_increase):
+             min_cosine, max_ppl_increase, quiet):
     """Prune Linear weights to 2:4 along K, fine-tune with the masks, export ONNX with the masked weights."""
     from edgeattn.quantize.fidelity import far_warning
     from edgeattn.quantize.sparsity.masks import SparsityConfig
@@ -62,7 +64,8 @@ def sparsify(model_name, out, finetune_steps, calib, policy, method, tokens, gem
         device=device, calib_batches=calib_batches,
         calib=str(calib) if calib else None, save_hf=str(save_hf) if save_hf else None,
         qat=qat, qat_steps=qat_steps if qat else 0, min_cosine=min_cosine, max_ppl_increase=max_ppl_increase)
-    section = run_sparsify(model_name, out, job, progress=lambda m: click.echo(m, err=True))
+    with ProgressDisplay(quiet=quiet) as progress:
+        section = run_sparsify(model_name, out, job, progress=progress)
     layers = section["sparsity"]["layers"]
     for d in layers:
         click.echo(f"{'2:4  ' if d['pruned'] else 'dense'} {d['name']:48} {d['out_features']}x{d['in_features']:<6} {d['reason']}")

@@ -39,7 +39,7 @@ class Step:
 class Event:
     stage: str
     what: str  # start | progress | done | up to date | skip
-    text: str = ""
+    text: str = ""  # progress: a line, or a StepProgress (edgeattn.quantize.progress) of a long task
     record: StageRecord | None = None
 
 

@@ -12,11 +12,13 @@ target does not gain. The returned `SparsityReport` is the manifest section.
 from __future__ import annotations
 
 import fnmatch
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgeattn.errors import ConfigError
 from edgeattn.optional import require
+from edgeattn.quantize.progress import StepProgress
 from edgeattn.quantize.sparsity.calibrate import collect_grams, prune_layer_
 from edgeattn.quantize.sparsity.permute import apply_pair_permutations, search_permutation
 from edgeattn.quantize.sparsity.sequential import prune_sequential_
@@ -118,10 +120,12 @@ def _eligibility(name: str, linear, tied: set[int], config: SparsityConfig) -> s
     return None
 
 
-def sparsify_(model, config: SparsityConfig = SparsityConfig(), *, calibration=None) -> SparsityReport:
+def sparsify_(model, config: SparsityConfig = SparsityConfig(), *, calibration=None,
+              progress=lambda msg: None) -> SparsityReport:
     """Prune the model's Linear layers to 2:4 along K, in place; returns what was done per layer.
 
     `calibration` (an iterable of model input dicts) is needed by methods "calibrated" and "sequential".
+    `progress` gets a line before calibration and a `StepProgress` after each layer is pruned.
     """
     torch = require("torch", "2:4 sparsity")
     if config.method in ("calibrated", "sequential") and calibration is None:
@@ -159,16 +163,19 @@ def sparsify_(model, config: SparsityConfig = SparsityConfig(), *, calibration=N
             chosen[name] = module
             d.pruned = True
         if config.method == "sequential" and chosen:
-            prune_sequential_(model, chosen, calibration)
+            prune_sequential_(model, chosen, calibration, progress)
             return report
         grams = {}
         if config.method == "calibrated" and chosen:
+            progress(f"collecting input statistics of {len(chosen)} layers")
             grams = collect_grams(model, chosen, calibration)
-        for name, module in chosen.items():
+        started = time.time()
+        for i, (name, module) in enumerate(chosen.items(), 1):
             if name in grams:
                 prune_layer_(module, grams.pop(name))
             else:
                 apply_mask_(module, two_four_mask(module.weight.detach()))
+            progress(StepProgress("pruning", i, len(chosen), time.time() - started, unit="layer"))
     return report
 
 

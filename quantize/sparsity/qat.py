@@ -18,8 +18,10 @@ from edgeattn.quantize.sparsity.two_four import is_two_four, masked_layers
 
 
 def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str], steps: int, *, config=None,
-                       batch_size: int = 16, seq_len: int = 64, calib_batches: int = 8, lr: float = 1e-5) -> dict[str, Any]:
-    """quantize_ (W8A8 unless `config`) -> calibrate -> distil, in place on the pruned `student`."""
+                       batch_size: int = 16, seq_len: int = 64, calib_batches: int = 8, lr: float = 1e-5,
+                       progress=lambda msg: None) -> dict[str, Any]:
+    """quantize_ (W8A8 unless `config`) -> calibrate -> distil, in place on the pruned `student`; `progress`
+    gets the QAT steps (`StepProgress`)."""
     require("torch", "QAT")
     from edgeattn.quantize.api import calibrate, quantize_  # loads torch
 
@@ -29,7 +31,7 @@ def qat_after_sparsity(student, teacher, tokenizer, kind: str, texts: list[str],
     examples = text.padded_examples(tokenizer, texts, kind, seq_len)
     calibrate(student, text.leading_batches(examples, batch_size, calib_batches))
     losses = distill(student, teacher, text.sampled_batches(examples, batch_size), kind,
-                     DistillConfig(steps=steps, lr=lr, progress=False)).losses if steps else []
+                     DistillConfig(steps=steps, lr=lr, progress=False), log=progress, task="QAT").losses if steps else []
     after = masked_layers(student)
     return {"config": config_to_dict(config), "layers": report.as_dict(), "steps": steps,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,

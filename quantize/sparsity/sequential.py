@@ -12,10 +12,12 @@ the next block's inputs. Layers outside the blocks (a pooler) are pruned last, o
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable
 
 from edgeattn.errors import ModelError
 from edgeattn.optional import require
+from edgeattn.quantize.progress import StepProgress
 from edgeattn.quantize.sparsity.calibrate import collect_grams, prune_layer_
 
 
@@ -112,6 +114,7 @@ def prune_sequential_(model, chosen: dict, calibration: Iterable[dict],
     blocks = find_blocks(model, chosen)
     calls = _capture_block_inputs(model, blocks[0], calibration)
     done: set[str] = set()
+    started = time.time()
 
     def prune(names: dict, grams: dict) -> None:
         for name, module in names.items():
@@ -135,7 +138,7 @@ def prune_sequential_(model, chosen: dict, calibration: Iterable[dict],
                 else:
                     new_calls.append((args, {**kwargs, "hidden_states": out}))
             calls = new_calls
-            progress(f"block {i + 1}/{len(blocks)}: {len(names)} layers pruned")
+            progress(StepProgress("pruning", i + 1, len(blocks), time.time() - started, unit="block"))
         rest = {n: m for n, m in chosen.items() if n not in done}
         if rest:  # outside the blocks (e.g. a pooler): statistics from the pruned model
             prune(rest, collect_grams(model, rest, calibration))
