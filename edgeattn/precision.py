@@ -6,11 +6,14 @@ from collections import Counter
 
 import onnx
 
-_COMPUTE = {"MatMul", "Gemm", "Conv", "MatMulInteger", "MatMulNBits", "QLinearMatMul", "ConvInteger",
-            "DynamicQuantizeMatMul", "QGemm"}
-# ONNX Runtime's fused attention kernels (the cpu build's): the scores and the weighted sum are float GEMMs, and
-# Attention holds the float q/k/v projection too (QAttention's is integer, uncounted like MatMulIntegerToFloat)
-_ATTENTION_GEMMS = {"Attention": 5, "QAttention": 2, "MultiHeadAttention": 2}
+# integer GEMMs: ONNX's, and ONNX Runtime's (com.microsoft) that the cpu build lowers Q/DQ MatMuls to
+_INT8_GEMMS = {"MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm",
+               "ConvInteger"}
+_COMPUTE = {"MatMul", "Gemm", "Conv", "MatMulNBits"} | _INT8_GEMMS
+# ONNX Runtime's fused attention kernels (the cpu build's), in layers of each precision: the scores and the
+# weighted sum are float GEMMs; Attention holds the float q/k/v projections too, QAttention the int8 ones
+_ATTENTION_GEMMS = {"Attention": {"float": 5}, "QAttention": {"float": 2, "int8": 3},
+                    "MultiHeadAttention": {"float": 2}}
 _INT_TYPES = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8", onnx.TensorProto.INT4: "int4",
               onnx.TensorProto.UINT4: "int4", onnx.TensorProto.FLOAT8E4M3FN: "fp8"}
 
@@ -41,14 +44,15 @@ def summarize(model: onnx.ModelProto) -> dict:
     dq = _dequantized_types(graph)
     counts: Counter[str] = Counter()
     float_layers: list[str] = []
+    splits = {n.input[0]: len(n.output) for n in graph.node if n.op_type == "Split" and n.input}
     for node in graph.node:
         if node.domain == "com.microsoft" and node.op_type in _ATTENTION_GEMMS:
-            counts["float"] += _ATTENTION_GEMMS[node.op_type]
+            counts.update(_ATTENTION_GEMMS[node.op_type])
             float_layers.append(node.name or node.op_type)
         if node.op_type not in _COMPUTE:
             continue
-        if node.op_type in ("MatMulInteger", "QLinearMatMul", "DynamicQuantizeMatMul", "QGemm", "ConvInteger"):
-            counts["int8"] += 1
+        if node.op_type in _INT8_GEMMS:  # one GEMM split into n outputs: n layers packed by the cpu build
+            counts["int8"] += splits.get(node.output[0], 1) if node.op_type == "MatMulIntegerToFloat" else 1
             continue
         if node.op_type == "MatMulNBits":
             counts["int4"] += 1

@@ -206,7 +206,8 @@ def test_killed_during_qat_the_restarted_run_gives_bundles_that_pass_parity(kill
     cpu = json.loads((work / "build-cpu" / "bundle" / "manifest.json").read_text())
     assert cpu["sections"]["parity"]["status"] == "pass"
     # W8A8: the 36 Linear layers run as integer ops on the cpu; only attention's 12 MatMuls stay float
-    assert cpu["precision"]["qdq_nodes"] > 0 and cpu["precision"]["compute_layers"] == {"float": 12}
+    assert cpu["precision"]["qdq_nodes"] > 0 and cpu["precision"]["compute_layers"] == {"float": 12, "int8": 36}
+    assert not [p for p in cpu["sections"]["problems"] if "2:4" in p]  # q/k/v packed by fusion are still found
     assert all("WindowedAttention" in n for n in cpu["precision"]["float_layers"])
     sparsify = json.loads((work / "sparsify" / "stage.json").read_text())
     assert sparsify["summary"]["masks_kept"] is True and sparsify["summary"]["pruned"] >= 36

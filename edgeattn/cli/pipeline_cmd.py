@@ -6,6 +6,9 @@ from pathlib import Path
 
 import click
 
+from edgeattn.cli.progress_display import ProgressDisplay
+from edgeattn.quantize.progress import StepProgress
+
 STYLE = {"run": "bold", "up to date": "green", "skip": "yellow"}
 
 
@@ -17,7 +20,8 @@ STYLE = {"run": "bold", "up to date": "green", "skip": "yellow"}
 @click.option("--work-dir", type=click.Path(path_type=Path),
               help="Folder of the stage outputs [default: the recipe's work_dir, else RECIPE.pipeline beside it; "
                    "for a packaged recipe, in the current folder].")
-def pipeline(recipe, dry_run, from_stage, force, work_dir):
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines or bars within stages (each stage's start and end still print).")
+def pipeline(recipe, dry_run, from_stage, force, work_dir, quiet):
     """Run the deployment RECIPE describes: export, sparsify, quantize, build, export-triton, in order.
 
     RECIPE is a TOML file or the name of a packaged recipe (minilm-2to4-w8a8, smollm2-w4-thor). The whole
@@ -50,13 +54,14 @@ def pipeline(recipe, dry_run, from_stage, force, work_dir):
             table.add_row(step.stage.name, step.stage.kind, f"[{STYLE[step.action]}]{step.action}[/]", step.reason)
         Console().print(table)
         return
-    with console.status(f"{loaded.name}") as status:
+    actions: dict[str, list[str]] = {"done": [], "up to date": [], "skip": []}
+    with ProgressDisplay(quiet=quiet, console=console) as progress:
         def show(event):
+            if event.what in actions:
+                actions[event.what].append(event.stage)
             if event.what == "progress":
-                status.update(f"{event.stage}: {event.text}")
-                console.print(f"[dim]{event.stage}: {event.text}[/]", soft_wrap=True)
+                progress(event.text if isinstance(event.text, StepProgress) else f"{event.stage}: {event.text}")
             elif event.what == "start":
-                status.update(f"{event.stage}: running")
                 console.print(f"[bold]{event.stage}[/]: running ({event.text})")
             elif event.what == "done":
                 console.print(f"[bold]{event.stage}[/]: done in {event.text}")
@@ -64,10 +69,18 @@ def pipeline(recipe, dry_run, from_stage, force, work_dir):
                 console.print(f"[{STYLE[event.what]}]{event.stage}[/]: {event.what} ({event.text})")
 
         records = pl.run(loaded, force=force, from_stage=from_stage, on_event=show)
-    skipped = sum(1 for s in loaded.stages if s.skip)
-    click.echo(f"{loaded.name}: {len(records)} of {len(loaded.stages)} stages up to date"
-               f"{f', {skipped} skipped' if skipped else ''}, in {loaded.work_dir}")
+    from edgeattn.pipeline import summary
+
+    click.echo(summary.run_line(loaded.name, actions["done"], actions["up to date"], actions["skip"],
+                                loaded.work_dir))
+    bundles = {}
     for stage in loaded.stages:
         if stage.name in records and stage.kind in ("build", "export-triton"):
             artifact = dict(stage.parsed.writes)
-            click.echo(f"  {stage.name}: {loaded.work_dir / stage.name / next(iter(artifact.values()))}")
+            path = loaded.work_dir / stage.name / next(iter(artifact.values()))
+            click.echo(f"  {stage.name}: {path}")
+            if stage.kind == "build":
+                bundles[stage.name] = path
+    for line in (summary.fidelity_warnings(dict(loaded.expect), records, loaded.name)
+                 + summary.problem_lines(records, bundles)):
+        console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)

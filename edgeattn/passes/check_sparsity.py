@@ -7,12 +7,18 @@ reports per layer sparse / dense / broken / skipped with the reason, and on targ
 cores records `enable_sparse_weights` for the engine builder. A weight is "broken" when it was meant to be
 2:4 (named in the model's `edgeattn.sparse_layers` metadata, or already 2:4 in most groups) but some
 group of four is not: that is a problem, never silent.
+
+Attention fusion for ONNX Runtime packs a layer's q/k/v projections into one weight of its Attention /
+QAttention kernel, under a new name. `edgeattn sparsify` records a digest of each pruned weight
+(`edgeattn.sparse_weights`), so the check finds those layers inside the packed weight and reports them
+under the fused kernel's name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -21,6 +27,8 @@ from edgeattn.passes import PassContext, PassResult
 
 METADATA_KEY = "edgeattn.sparse_layers"  # JSON list of layer names `edgeattn sparsify` pruned
 DECISIONS_KEY = "edgeattn.sparsity_decisions"  # JSON {layer: {pruned, basis, reason}} from `edgeattn sparsify`
+WEIGHTS_KEY = "edgeattn.sparse_weights"  # JSON {layer: digest of its weight as [K, N]} from `edgeattn sparsify`
+FUSED = ("Attention", "QAttention")  # ONNX Runtime kernels whose input 1 packs q/k/v: [K, 3N], K on axis 0
 MOSTLY_SPARSE = 0.5  # share of 2:4 groups above which a weight that is not all 2:4 counts as broken
 PASS_THROUGH = ("Transpose", "Cast", "Identity", "DequantizeLinear")
 
@@ -36,6 +44,7 @@ class LayerSparsity:
     status: str  # sparse | dense | broken | skipped
     reason: str
     groups_ok: float | None = None  # share of groups of 4 with >= 2 zeros
+    covers: list[str] = field(default_factory=list)  # pruned layers packed into this weight by attention fusion
 
     @property
     def sparse(self) -> bool:
@@ -51,6 +60,8 @@ def _reduction_axis(node: ir.Node) -> tuple[int, int] | None:
         return 1, (1 if trans_b else 0)
     if node.op_type == "Conv":
         return 1, 1
+    if node.op_type in FUSED and node.domain == "com.microsoft":
+        return 1, 0
     return None
 
 
@@ -115,7 +126,23 @@ def groups_ok(array: np.ndarray, axis: int) -> float:
     return float(((groups == 0).sum(-1) >= 2).mean())
 
 
-def check_node(node: ir.Node, expected: frozenset[str]) -> LayerSparsity | None:
+def weight_digest(array: np.ndarray, axis: int) -> str:
+    """A digest of a weight's values laid out [K, N] (K: its reduction axis), however it is stored."""
+    a = np.moveaxis(np.asarray(array), axis, 0)
+    a = np.ascontiguousarray(a.reshape(a.shape[0], -1).astype(np.float64))
+    return hashlib.sha256(repr(a.shape).encode() + a.tobytes()).hexdigest()[:20]
+
+
+def _packed(array: np.ndarray, axis: int, digests: dict[str, str]) -> list[str]:
+    """The recorded layers whose weights are the q/k/v column blocks of a packed [K, 3N] weight."""
+    a = np.moveaxis(array, axis, 0)
+    if not digests or a.ndim != 2 or a.shape[1] % 3:
+        return []
+    blocks = np.split(a, 3, axis=1)
+    return [digests[d] for d in (weight_digest(b, 0) for b in blocks) if d in digests]
+
+
+def check_node(node: ir.Node, expected: frozenset[str], digests: dict[str, str] | None = None) -> LayerSparsity | None:
     spec = _reduction_axis(node)
     if spec is None or len(node.inputs) <= spec[0]:
         return None
@@ -124,10 +151,12 @@ def check_node(node: ir.Node, expected: frozenset[str]) -> LayerSparsity | None:
     if isinstance(found, str):
         return LayerSparsity(node.name or "?", node.name or "?", node.op_type, "", [], axis, "skipped", found)
     array, axis, weight, path = found
-    layer = _layer_name(node, weight)
+    covers = _packed(array, axis, digests or {}) if node.op_type in FUSED else []
+    layer = node.name if node.op_type in FUSED and node.name else _layer_name(node, weight)
     via = f" (via {path})" if path else ""
+    via += f"; packs {', '.join(covers)}" if covers else ""
     entry = LayerSparsity(layer, node.name or "?", node.op_type, weight, list(array.shape), axis % array.ndim,
-                          "skipped", "")
+                          "skipped", "", covers=covers)
     k = array.shape[axis]
     if array.ndim < 2:
         entry.reason = "weight has rank < 2"
@@ -136,7 +165,7 @@ def check_node(node: ir.Node, expected: frozenset[str]) -> LayerSparsity | None:
         entry.reason = f"reduction axis {axis % array.ndim} has length {k}, not a multiple of 4"
         return entry
     entry.groups_ok = groups_ok(array, axis)
-    meant = layer in expected or weight in expected
+    meant = layer in expected or weight in expected or any(c in expected for c in covers)
     if entry.groups_ok == 1.0:
         entry.status, entry.reason = "sparse", f"2:4 along axis {entry.axis} (K={k}){via}"
     elif meant or entry.groups_ok >= MOSTLY_SPARSE:
@@ -156,11 +185,39 @@ def expected_layers(model: ir.Model) -> frozenset[str]:
         return frozenset()
 
 
+def recorded_digests(model: ir.Model) -> dict[str, str]:
+    """Weight digest -> layer name, from the model's `edgeattn.sparse_weights` metadata."""
+    raw = model.metadata_props.get(WEIGHTS_KEY)
+    try:
+        return {digest: layer for layer, digest in json.loads(raw).items()} if raw else {}
+    except (json.JSONDecodeError, AttributeError):
+        return {}
+
+
 def check_model(model: ir.Model) -> list[LayerSparsity]:
-    """One entry per MatMul / Gemm / Conv node, in graph order."""
-    expected = expected_layers(model)
-    found = [check_node(n, expected) for n in model.graph.all_nodes()]
+    """One entry per MatMul / Gemm / Conv node (and fused Attention / QAttention kernel), in graph order."""
+    expected, digests = expected_layers(model), recorded_digests(model)
+    found = [check_node(n, expected, digests) for n in model.graph.all_nodes()]
     return [e for e in found if e is not None]
+
+
+def sparse_metadata(model: ir.Model, pruned: list[str]) -> dict[str, str]:
+    """Metadata naming the pruned layers the graph holds (a layer the export left out, such as an unused
+    pooler, is not expected in it) with the digests of their weights: {METADATA_KEY: ..., WEIGHTS_KEY: ...}."""
+    wanted, digests = set(pruned), {}
+    for node in model.graph.all_nodes():
+        spec = _reduction_axis(node)
+        if spec is None or len(node.inputs) <= spec[0]:
+            continue
+        found = _constant(node.inputs[spec[0]], spec[1])
+        if isinstance(found, str):
+            continue
+        array, axis, weight, _ = found
+        layer = _layer_name(node, weight)
+        name = layer if layer in wanted else weight if weight in wanted else None
+        if name is not None and array.ndim >= 2:
+            digests[name] = weight_digest(array, axis % array.ndim)
+    return {METADATA_KEY: json.dumps([n for n in pruned if n in digests]), WEIGHTS_KEY: json.dumps(digests)}
 
 
 class CheckSparsity:
@@ -170,7 +227,7 @@ class CheckSparsity:
         layers = check_model(model)
         expected = expected_layers(model)
         sparse = [e.layer for e in layers if e.sparse]
-        seen = {e.layer for e in layers} | {e.weight for e in layers}
+        seen = {e.layer for e in layers} | {e.weight for e in layers} | {c for e in layers for c in e.covers}
         problems = [f"2:4 sparsity broken in {e.layer} ({e.node}): {e.reason}" for e in layers if e.status == "broken"]
         problems += [f"2:4 sparsity: layer {name} is marked sparse but no MatMul/Gemm/Conv weight of that name was found"
                      for name in sorted(expected - seen)]
@@ -182,7 +239,9 @@ class CheckSparsity:
         else:
             note = ""
         counts = {s: sum(e.status == s for e in layers) for s in ("sparse", "dense", "broken", "skipped")}
-        summary = ", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(layers)} weighted layers{note}"
+        packed = sum(len(e.covers) for e in layers)
+        fused = f" ({packed} pruned layers packed into fused attention weights)" if packed else ""
+        summary = ", ".join(f"{v} {k}" for k, v in counts.items()) + f" of {len(layers)} weighted layers{fused}{note}"
         details = {"sparse_layers": sparse, "enable_sparse_weights": enable, "counts": counts,
                    "sparse_tensor_cores": ctx.target.sparse_tensor_cores,
                    "layers": [{**asdict(e), "sparse": e.sparse} for e in layers]}

@@ -5,6 +5,9 @@ targets, and precisions a target refuses (asked for, or carried by a quantized m
     [pipeline]
     name = "minilm-2to4-w8a8"          # bundles get this model name
     work_dir = "minilm.pipeline"       # default: <recipe stem>.pipeline beside the recipe
+    expect_cos_mean = 0.963            # optional: the fidelity a documented run of it reached (the run's
+                                       # summary warns when a stage lands far below; decoders:
+                                       # expect_ppl_increase_pct)
 
     [[stage]]
     kind = "sparsify"                  # export | sparsify | quantize | build | export-triton
@@ -29,10 +32,11 @@ from typing import Any
 
 from edgeattn.errors import BundleError, ConfigError, InputError, TargetError
 from edgeattn.pipeline.stages import KINDS, BuildStage, Parsed
+from edgeattn.pipeline.summary import EXPECT_KEYS
 from edgeattn.pipeline.tables import check_keys, resolve_path
 from edgeattn.targets import resolve_target
 
-PIPELINE_KEYS = ("name", "work_dir")
+PIPELINE_KEYS = ("name", "work_dir") + EXPECT_KEYS
 COMMON_KEYS = ("kind", "name", "input", "optional", "targets")
 
 
@@ -59,6 +63,7 @@ class Recipe:
     work_dir: Path
     stages: tuple[Stage, ...]
     notes: tuple[str, ...] = ()  # things worth knowing that are not errors
+    expect: tuple[tuple[str, float], ...] = ()  # (expect_cos_mean | expect_ppl_increase_pct, value)
 
     def stage(self, name: str) -> Stage:
         for s in self.stages:
@@ -102,7 +107,21 @@ def load(path: str | Path, *, work_dir: str | Path | None = None, base: Path | N
         for expanded in _expand(table, f"{path.name}: [[stage]] {i}"):
             stages.append(_stage(expanded, stages, path.name, base, name))
     notes = tuple(_notes(stages))
-    return Recipe(path, name, Path(work_dir), tuple(stages), notes)
+    return Recipe(path, name, Path(work_dir), tuple(stages), notes, _expect(head, path.name))
+
+
+def _expect(head: dict, file: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for key in EXPECT_KEYS:
+        if key not in head:
+            continue
+        value = head[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{file}: [pipeline] {key}: expected a number, found {value!r}")
+        if key == "expect_cos_mean" and not -1.0 <= value <= 1.0:
+            raise ConfigError(f"{file}: [pipeline] {key}: expected a cosine in [-1, 1], found {value!r}")
+        out.append((key, float(value)))
+    return tuple(out)
 
 
 def _expand(table: Any, where: str) -> list[dict]:

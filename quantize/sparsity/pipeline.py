@@ -79,12 +79,19 @@ class SparsifyJob:
 
 
 def add_sparse_metadata(onnx_path: Path, layers: list[str], decisions: dict[str, dict] | None = None) -> None:
-    """Record the pruned layer names (and the per-layer decisions) in the ONNX metadata, atomically."""
+    """Record the pruned layers the graph holds, with digests of their weights (so the build finds them again
+    when attention fusion packs them under a new name), and the per-layer decisions in the ONNX metadata,
+    atomically."""
+    import onnx_ir as ir
+
+    from edgeattn.passes.check_sparsity import WEIGHTS_KEY, sparse_metadata
+
     model = onnx.load(str(onnx_path))
-    kept = [p for p in model.metadata_props if p.key not in (METADATA_KEY, DECISIONS_KEY)]
+    kept = [p for p in model.metadata_props if p.key not in (METADATA_KEY, DECISIONS_KEY, WEIGHTS_KEY)]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    model.metadata_props.add(key=METADATA_KEY, value=json.dumps(layers))
+    for key, value in sparse_metadata(ir.serde.deserialize_model(model), layers).items():
+        model.metadata_props.add(key=key, value=value)
     if decisions:
         model.metadata_props.add(key=DECISIONS_KEY, value=json.dumps(decisions))
     atomic.write_bytes(onnx_path, model.SerializeToString())
@@ -135,7 +142,7 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         if m is not None:
             m.to(job.device)
     progress(f"pruning ({job.sparsity.policy}, {job.sparsity.method}) on {job.device}")
-    report = sparsify_(model, job.sparsity, calibration=calibration)
+    report = sparsify_(model, job.sparsity, calibration=calibration, progress=progress)
     section: dict[str, Any] = {"model": str(model_name), "kind": kind, "sparsity": report.as_dict(),
                                "basis": sorted({d.basis for d in report.layers if d.pruned or d.basis != "not eligible"}),
                                "calib": job.calib or "gensim lee_background"}
@@ -143,7 +150,7 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         progress(f"fine-tuning {job.finetune_steps} steps with the masks on")
         cfg = job.finetune_config(kind)
         result = distill(model, teacher, text.stream_batches(tok, texts, kind, **job.batching()), kind, cfg,
-                         log=progress)
+                         log=progress, task="fine-tuning")
         section["finetune"] = {**result.section(cfg), "config": {**cfg.as_dict(), **job.batching()}}
     model.cpu()  # export, saving and QAT calibration run on the CPU (QAT's distillation picks CUDA itself)
     if teacher is not None:
@@ -154,7 +161,7 @@ def run_sparsify(model_name: str, out: str | Path, job: SparsifyJob = SparsifyJo
         progress(f"fidelity after 2:4: {describe(section['fidelity_before_qat'])}")
         progress(f"QAT {job.qat}, {job.qat_steps} steps, masks kept")
         section["qat"] = qat_after_sparsity(model, teacher, tok, kind, texts, job.qat_steps,
-                                            config=config_from_name(job.qat))
+                                            config=config_from_name(job.qat), progress=progress)
         model.cpu()
     section["fidelity"] = probe.check(model, "sparsify", job.min_cosine, job.max_ppl_increase, progress)
     if pruned_hf is not None:
