@@ -32,7 +32,9 @@ def inspect(bundle, as_json):
         click.echo(b.manifest.to_json(), nl=False)
     else:
         console = Console()
-        console.print(Markdown(b.report.read_text(encoding="utf-8") if b.report.exists() else "(no report)"))
+        report = b.report if failure is None and b.report.exists() else None  # an unverified report may lie
+        console.print(Markdown(report.read_text(encoding="utf-8") if report else "(report not shown: the bundle "
+                               "does not match its manifest)" if failure else "(no report)"))
         chain = b.manifest.sections.get("pipeline")
         if isinstance(chain, list) and chain:
             console.print(chain_table(chain))
