@@ -302,6 +302,28 @@ def test_every_free_slot_is_taken_at_once():
         assert job.tokens == want.tokens and job.finish_reason == want.finish_reason
 
 
+def test_a_request_cancelled_while_queued_never_runs():
+    entered, gate, chunks = threading.Event(), threading.Event(), []
+
+    def on_step(model, streams, ids):
+        chunks.append(ids[0].tolist())
+        if model.calls == 1:
+            entered.set()
+            assert gate.wait(30)
+
+    served = Served(ScriptedDecoder(on_step=on_step), slots=1)
+    first, queued = served.job([3, 4], 5), served.job([9, 9, 9], 5)
+    with served:
+        served.scheduler.submit(first)
+        assert entered.wait(30)
+        served.scheduler.submit(queued)
+        queued.cancel()
+        gate.set()
+        served.wait([first, queued])
+    assert (queued.finish_reason, queued.tokens) == ("abort", []) and [9, 9, 9] not in chunks
+    assert (first.finish_reason, len(first.tokens)) == ("length", 5)
+
+
 @pytest.mark.parametrize("prefill_in_step", [0, 4])
 def test_slots_moved_and_swapped_keep_each_jobs_rows(prefill_in_step):
     """Many jobs of different lengths through 3 slots (long prompts prefilled in chunks of 3 beside short ones
@@ -352,6 +374,19 @@ def test_a_prompt_longer_than_the_cache_keeps_head_and_tail():
     layout = RingLayout(2, 8)
     job = new_job(layout, list(range(1, 31)), max_tokens=2, sampling=SamplingConfig())
     assert job.prompt == [1, 2] + list(range(25, 31)) and job.evicted == 22 and job.prompt_tokens == 30  # 10 - 2 kept
+
+
+@requires_decoder_stack
+def test_the_backends_satisfy_the_protocol(tiny_decoder):
+    from edgeattn.runtime.generation.backend import DecoderBackend, SamplingBackend
+    from edgeattn.runtime.generation.torch_decoder import TorchDecoderModel
+
+    model, tok, _, path = tiny_decoder
+    with Generator.open(path) as gen:
+        assert isinstance(gen.model, DecoderBackend) and not isinstance(gen.model, SamplingBackend)
+    assert isinstance(TorchDecoderModel(model, tok, sinks=4, window_max=48, cuda_graphs=False), DecoderBackend)
+    assert isinstance(ScriptedDecoder(), DecoderBackend) and isinstance(DeviceSampler(), SamplingBackend)
+    assert not isinstance(object(), DecoderBackend)
 
 
 # --- a real model: the Generator and the scheduler at several windows --------------------------------------------

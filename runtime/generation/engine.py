@@ -181,7 +181,7 @@ class Engine:
         self._compact()
         before = clock()
         with self.lock:
-            self._admit()
+            self._admit(window)
         profile.add("admit", clock() - before)
         self.flush()  # the previous step's events: the event loop routes them while the model runs
         prefill_tokens, prefill_s, decode_s, rows = 0, 0.0, 0.0, 0
@@ -201,11 +201,14 @@ class Engine:
         w = int(self.window())
         return self.model.check_window(w if w <= self.model.layout.window_max else 0)
 
-    def _admit(self) -> None:
+    def _admit(self, window: int) -> None:
         """Every waiting job that a free slot can take, now (called under `lock`)."""
         codec, now = self.model.codec, time.perf_counter()
         while self.waiting and self.busy < self.slots:
             job = self.waiting.popleft()
+            if job.cancelled:
+                self._finish(job, FINISH_ABORT, window)
+                continue
             job.text, job.matcher, job.admitted_at = TextStream(codec), StopMatcher(job.stops), now
             if len(job.prompt) <= self.prefill_in_step:
                 target = len(self.decoding)

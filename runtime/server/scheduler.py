@@ -72,7 +72,7 @@ class SlotScheduler:
                 raise RuntimeError("the scheduler is not running")
             free = max(self.slots - engine.busy, 0)
             if len(engine.waiting) >= free + self.max_queue:
-                raise QueueFull(f"{self.slots} slots busy and {len(engine.waiting) - free} requests queued")
+                raise QueueFull(f"{self.slots} slots taken and {self.max_queue} requests queued")
             engine.add(job)
 
     def start(self) -> None:
