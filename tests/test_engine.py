@@ -298,7 +298,8 @@ def test_every_free_slot_is_taken_at_once():
         served.wait(jobs)
     assert busy[:3] == [1, 1, 8]  # job 1's prefill and decode step; the next step holds every slot
     for job, prompt in zip(jobs, prompts):
-        want = Generator(ScriptedDecoder()).generate(prompt, GenerationConfig(max_tokens=job.max_tokens, prefill_chunk=8))
+        want = Generator(ScriptedDecoder()).generate(prompt, GenerationConfig(max_tokens=job.max_tokens,
+                                                                              prefill_chunk=8))
         assert job.tokens == want.tokens and job.finish_reason == want.finish_reason
 
 

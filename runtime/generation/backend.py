@@ -5,16 +5,15 @@ strings, the window). Two backends satisfy it today: `DecoderModel` (a decoder b
 TensorRT, decoder_bundle.py) and `TorchDecoderModel` (a Hugging Face model on CUDA, torch_decoder.py); a new
 device is a new backend, never a new loop.
 
-| member | meaning |
-|---|---|
-| `layout` | the cache's geometry (`RingLayout`: sinks + a ring of `window_max` rows) |
-| `codec` | tokens <-> text (`TextCodec`), or None for a model that generates token ids only |
-| `eos` | the end-of-text token ids |
-| `vocab_size` | token ids are 0 .. vocab_size - 1 |
-| `activate()` / `deactivate()` | load / free the model; `activate` may be called again (no-op) |
-| `new_cache(streams)` | a cache of `streams` rows (a `StreamPositions`: `positions`, `held`, `reset`, `move`) |
-| `check_window(w)` | w as an int when 0 (the whole ring) .. `window_max`, else ConfigError |
-| `step(cache, streams, ids, window, last_only=)` | ids [len(streams), S] -> float logits [len(streams), S or 1, V]; those streams advance by S |
+- `layout`: the cache's geometry (`RingLayout`: sinks + a ring of `window_max` rows);
+- `codec`: tokens <-> text (`TextCodec`), or None for a model that generates token ids only;
+- `eos`: the end-of-text token ids; `vocab_size`: token ids are 0 .. vocab_size - 1;
+- `activate()` / `deactivate()`: load / free the model (`activate` again is a no-op);
+- `new_cache(streams)`: a cache of `streams` rows, a `StreamPositions` (`positions`, `held`, `reset`, `move`,
+  `swap`);
+- `check_window(w)`: w as an int when 0 (the whole ring) .. `window_max`, else ConfigError;
+- `step(cache, streams, ids, window, last_only=)`: ids [len(streams), S] -> float logits [len(streams), S, V]
+  ([len(streams), 1, V] with `last_only`); those streams advance by S.
 
 The engine calls `step` with the decoding streams as consecutive rows from 0 (a backend may feed views of the
 cache, or replay a captured graph per row count), with one stream for a prefill chunk, and always with
