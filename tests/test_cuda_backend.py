@@ -93,3 +93,30 @@ def test_on_cuda_the_graph_step_generates_what_hugging_face_generates(tiny):
     seeded = GenerationConfig(max_tokens=16, sampling=SamplingConfig(temperature=1.0, top_k=50, seed=5))
     a = Generator(backend(tiny, "cuda")).generate(ids, seeded).tokens
     assert a == Generator(backend(tiny, "cuda")).generate(ids, seeded).tokens
+
+
+def test_a_cuda_bundle_holds_what_the_gpu_backend_loads(tiny, tmp_path):
+    """`build --target cuda` writes hashed weights, geometry, tokenizer and kernels; the bundle opened (on CPU
+    tensors here) generates what the in-memory backend generates; on a machine without a GPU the real open
+    says what is missing."""
+    import torch
+
+    from edgeattn.bundle.cuda_build import CudaBuildConfig, build_cuda
+    from edgeattn.errors import TargetError
+    from edgeattn.runtime.cuda.bundle import open_cuda_decoder
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+
+    model, tok = tiny
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    bundle = build_cuda(src, CudaBuildConfig(out=tmp_path / "b", precision="fp32", window_max=48, archs=()))
+    assert bundle.manifest.backend == "cuda" and {"weights.safetensors", "decoder.json", "tokenizer.json",
+                                                  "generation.json"} <= set(bundle.manifest.files)
+    ids = tok("Heat sinks", add_special_tokens=False).input_ids
+    want = Generator(backend(tiny)).generate(ids, GenerationConfig(max_tokens=10)).tokens
+    got = Generator(open_cuda_decoder(bundle, device="cpu")).generate(ids, GenerationConfig(max_tokens=10)).tokens
+    assert got == want
+    if not torch.cuda.is_available():
+        with pytest.raises(TargetError, match="needs an NVIDIA GPU and PyTorch with CUDA"):
+            open_cuda_decoder(bundle)

@@ -80,6 +80,28 @@ class PackedDecoder:
         rotary = m.rotary_emb
         return cls(shape, t, rotary.inv_freq.float(), float(getattr(rotary, "attention_scaling", 1.0)))
 
+    PER_LAYER = ("ln1", "ln2", "wqkv", "bqkv", "wo", "wgu", "wd", "qn", "kn")
+
+    def state_dict(self) -> dict:
+        """Flat name -> tensor (what a cuda bundle's weights.safetensors holds); the LM head is left out when it
+        is the embedding (tied), and so are absent biases and norms."""
+        t = self.t
+        out = {"embed": t["embed"], "norm": t["norm"], "inv_freq": self.inv_freq}
+        if t["lm_head"].data_ptr() != t["embed"].data_ptr():
+            out["lm_head"] = t["lm_head"]
+        for name in self.PER_LAYER:
+            for i, x in enumerate(t[name]):
+                if x is not None:
+                    out[f"{name}.{i}"] = x
+        return {k: v.detach().contiguous() for k, v in out.items()}
+
+    @classmethod
+    def from_state_dict(cls, shape: DecoderShape, tensors: dict, rope_scaling: float) -> "PackedDecoder":
+        t = {"embed": tensors["embed"], "norm": tensors["norm"], "lm_head": tensors.get("lm_head", tensors["embed"])}
+        for name in cls.PER_LAYER:
+            t[name] = [tensors.get(f"{name}.{i}") for i in range(shape.layers)]
+        return cls(shape, t, tensors["inv_freq"].float(), rope_scaling)
+
     @property
     def device(self):
         return self.t["embed"].device
