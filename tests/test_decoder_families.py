@@ -132,6 +132,30 @@ def test_gemma3_local_layers_keep_their_window():
 
 
 @requires_hf
+def test_a_multimodal_gemma3_exports_its_language_model():
+    """Gemma 3 4B and up are Gemma3ForConditionalGeneration: the export takes the language model inside."""
+    import torch
+    import transformers as t
+
+    from edgeattn.hf_models import kind_of
+
+    text = _config("gemma3")[1].to_dict()
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = t.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=1000,
+                            boi_token_index=1001, eoi_token_index=1002)
+    config._attn_implementation = config.text_config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = t.Gemma3ForConditionalGeneration(config).eval()
+    assert kind_of(config) == "decoder"
+    ids = list(range(100, 130))
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([ids])).logits[0].numpy()
+    got = _eager_stream(model, ids, ((0, 7), (7, 8), (8, 20), (20, 30)))
+    assert np.abs(got - want).max() < 1e-4 * max(1.0, np.abs(want).max())
+
+
+@requires_hf
 def test_gemma2_soft_capping_changes_the_logits():
     import torch
 
