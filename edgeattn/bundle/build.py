@@ -69,10 +69,10 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         plan = plan.only(config.passes)
     ctx = PassContext(target, seq=seq, attention_body=config.attention_body, cached_attention=config.cached_attention,
                       strict=config.strict, as_inference=config.as_inference)
+    model = ir.serde.deserialize_model(source)
     fast_source = None
     if decoder_info and config.fast_path and target.backend == "onnxruntime":
-        fast_source = ir.serde.deserialize_model(source)  # the fast path plan's own copy, before the passes
-    model = ir.serde.deserialize_model(source)
+        fast_source = model.clone()  # the fast path plan's own graph, before the passes (weights shared)
     progress(f"plan {plan.name}: {len(plan.passes)} passes")
     results = plan.run(model, ctx, progress)
     processed = ir.serde.serialize_model(model)
