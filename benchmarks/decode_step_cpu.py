@@ -2,13 +2,13 @@
 
     .venv/bin/python benchmarks/decode_step_cpu.py                          # our fast path vs onnxruntime-genai, int4
     .venv/bin/python benchmarks/decode_step_cpu.py --precision fp32 --rounds 5
-    .venv/bin/python benchmarks/decode_step_cpu.py --graph old=path/to/model.linear.onnx   # any other graph beside
+    .venv/bin/python benchmarks/decode_step_cpu.py --graph old=path/to/model.fast_path.onnx   # any other graph beside
 
 Each graph runs in its own process (ONNX Runtime's idle thread pool spins after a run: two sessions in one
 process slow each other), 2 threads, its cache buffers bound as inputs and outputs (IO binding, in place), a
 32-token prompt and then one token a step; the figure is the median `run_with_iobinding` time over the decode
 steps after a warm-up. Graphs take turns, round by round, so a drifting host moves them alike.
-The graphs: "edgeattn" is the fast path of build/gen's bundle (`model.linear.onnx`), "onnxruntime-genai" the
+The graphs: "edgeattn" is the fast path of build/gen's bundle (`model.fast_path.onnx`), "onnxruntime-genai" the
 model its builder wrote (`generation_cpu.py prepare --peers`). Together with `generation_cpu.py speed` it
 tells the graph's share of a step from the host's.
 """
@@ -29,7 +29,7 @@ THREADS, PROMPT, STEPS, WARMUP = 2, 32, 96, 8
 
 
 def graphs(precision: str) -> dict[str, Path]:
-    return {"edgeattn": GEN / f"smollm2_{precision}.edgeattn" / "model.linear.onnx",
+    return {"edgeattn": GEN / f"smollm2_{precision}.edgeattn" / "model.fast_path.onnx",
             "onnxruntime-genai": GEN / f"genai_{precision}" / "model.onnx"}
 
 
