@@ -305,6 +305,29 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_decoder):
             queued.close()
 
 
+def test_a_burst_fills_every_free_slot_before_the_queue(tiny_decoder):
+    """--slots 8 --max-queue 4 and 12 requests at once: all are served (8 take slots at once, 4 wait), none
+    gets 429 while a slot is free."""
+    from edgeattn.bundle.folder import open_bundle
+
+    _, server = _server([open_bundle(tiny_decoder[3])], ["dec"], slots=8, max_queue=4)
+    with server as url:
+        wait_ready_http(url)
+        statuses: list[int] = []
+
+        def one(i):
+            status, _, _ = post_json(url, "/v1/completions", {"model": "dec", "prompt": PROMPTS[i % len(PROMPTS)],
+                                                              "temperature": 0, "max_tokens": 6})
+            statuses.append(status)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert statuses == [200] * 12
+
+
 class _FakeController:
     """A thermal controller that reports a fixed temperature (the window is set by the test)."""
 
