@@ -77,6 +77,7 @@ def test_a_decoder_bundle_keeps_one_copy_of_the_ring_graphs_weights(loud_decoder
                                              "tokenizer.json"]
     assert not (bundle.path / "model.onnx").exists()
     assert "left out" in bundle.manifest.sections["files"]["processed_model"]
+    assert "model.onnx left out" in bundle.report.read_text()
     with Generator.open(bundle.path) as gen:
         result = gen.generate("Hello", GenerationConfig(max_tokens=3))
     assert 1 <= result.completion_tokens <= 3

@@ -176,9 +176,9 @@ def _kept_files(staging: Path, artifact: str, decoder: dict | None) -> dict:
     if decoder is not None and artifact != PROCESSED_NAME and artifact.endswith(".onnx"):
         size = processed.stat().st_size
         processed.unlink()
-        return {"names": [artifact],
-                "note": {"processed_model": f"{PROCESSED_NAME} left out ({size / 2**20:.1f} MiB): the runtime "
-                         f"loads {artifact}, the same graph after ONNX Runtime's optimizations"}}
+        note = (f"{PROCESSED_NAME} left out ({size / 2**20:.1f} MiB): the runtime loads {artifact}, the same "
+                f"graph after ONNX Runtime's optimizations")
+        return {"names": [artifact], "note": {"summary": note, "processed_model": note}}
     return {"names": [PROCESSED_NAME, artifact] if artifact != PROCESSED_NAME else [artifact],
             "note": {"processed_model": PROCESSED_NAME}}
 

@@ -46,8 +46,13 @@ def render(m: Manifest) -> str:
     if parity.get("status") == "skipped":
         lines.append(f"Skipped: {parity.get('reason')}")
     elif parity:
-        lines.append(f"{parity['status']}: max abs diff {parity['max_abs_diff']:.3g} "
-                     f"(tolerance {parity['tolerance']:.3g}, {parity.get('tolerance_basis', '')}) at sizes {parity.get('sizes')}")
+        relative = parity.get("relative_diff")
+        lines.append(f"{parity['status']}: " + (f"relative diff {relative:.3g} (max abs diff {parity['max_abs_diff']:.3g} "
+                     f"of outputs up to {parity['reference_max_abs']:.3g})" if relative is not None else
+                     f"max abs diff {parity['max_abs_diff']:.3g}")
+                     + f", tolerance {parity['tolerance']:.3g} ({parity.get('tolerance_basis', '')}) at sizes "
+                     f"{parity.get('sizes')}" + (f"; greedy (argmax) agreement {parity['greedy_agreement']:.0%}"
+                                                 if "greedy_agreement" in parity else ""))
     problems = s.get("problems", [])
     lines += ["", "## Problems", ""]
     lines += [f"- {p}" for p in problems] or ["None."]
