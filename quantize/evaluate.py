@@ -6,7 +6,10 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeattn import hf_models, text
 from edgeattn.errors import ConfigError
+from edgeattn.quantize import fidelity as fid
+from edgeattn.quantize.config import config_from_name
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,6 @@ class EvalJob:
 
 def fidelity(kind: str, reference, candidate, tokenizer, texts: list[str], seq_len: int) -> dict:
     """Encoders: cosine of sentence embeddings (mean, min); decoders: perplexity of both and the ratio."""
-    from edgeattn import text
-    from edgeattn.quantize import fidelity as fid
-
     if kind == "decoder":
         chunks = text.token_chunks(tokenizer, texts, seq_len)
         if chunks.shape[0] == 0:
@@ -41,11 +41,7 @@ def fidelity(kind: str, reference, candidate, tokenizer, texts: list[str], seq_l
 
 
 def evaluate(job: EvalJob, progress=lambda m: None) -> list[dict]:
-    from edgeattn import hf_models
-    from edgeattn import text
-    from edgeattn.quantize import fidelity as fid
-    from edgeattn.quantize.api import calibrate, quantize_
-    from edgeattn.quantize.config import config_from_name
+    from edgeattn.quantize.api import calibrate, quantize_  # loads torch
 
     config = config_from_name(job.ptq_config, block_size=job.block_size) if job.ptq_config else None
     model, tok, kind = hf_models.load(job.model)

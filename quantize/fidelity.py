@@ -11,7 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from edgeattn import text
 from edgeattn.errors import ConfigError, FidelityError
+from edgeattn.quantize.distillation import pool
 
 Forward = Callable[[dict], object]  # batch -> torch tensor: last_hidden_state (encoders) or logits (decoders)
 
@@ -42,8 +44,6 @@ def onnx_forward(path, threads: int = 0) -> Forward:
 def embeddings(forward: Forward, batches):
     """Normalised mean-pooled embeddings [N, H] of every sentence in `batches`."""
     import torch
-
-    from edgeattn.quantize.distillation import pool
 
     return torch.cat([pool(forward(b).float(), b["attention_mask"]) for b in batches])
 
@@ -118,8 +118,6 @@ class Probe:
     @classmethod
     def measure(cls, model, tokenizer, kind: str, texts: list[str] | None = None) -> "Probe":
         """Measure the float `model` (call before the stage changes it) on `texts` or the default held-out text."""
-        from edgeattn import text
-
         if kind == "decoder":
             docs = texts or text.lee_heldout_documents()
             chunks = text.token_chunks(tokenizer, docs, HELDOUT_SEQ, max_chunks=HELDOUT_CHUNKS)

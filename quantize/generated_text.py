@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from edgeattn.errors import ConfigError, InputError
+from edgeattn import atomic, hf_models
+from edgeattn.errors import ConfigError, InputError, ModelError
+from edgeattn.gpu import resolve_device
 from edgeattn.optional import require
 
 GENRES = (
@@ -101,8 +103,6 @@ def generate_documents(model, tokenizer, config: GenerateConfig = GenerateConfig
 
 def write_documents(docs: list[str], path: str | Path) -> Path:
     """One document a line, written atomically."""
-    from edgeattn import atomic
-
     path = Path(path)
     atomic.write_text(path, "\n".join(docs) + "\n")
     return path
@@ -111,11 +111,6 @@ def write_documents(docs: list[str], path: str | Path) -> Path:
 def write_distill_text(model_name: str | Path, out: str | Path, config: GenerateConfig = GenerateConfig(),
                        device: str = "cpu", progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Load a causal LM (bf16 on CUDA), sample `config.docs` documents into `out`; returns the manifest."""
-    from edgeattn import hf_models
-    from edgeattn.errors import ModelError
-
-    from edgeattn.gpu import resolve_device
-
     torch = require("torch", "generating distillation text")
     device = resolve_device(device)  # a CUDA device that is not there fails before the model loads
     model, tok, kind = hf_models.load(model_name, attn_implementation="sdpa")
