@@ -67,17 +67,21 @@ def test_a_cache_range_smaller_than_the_sinks_is_refused_before_the_build(loud_d
 
 
 def test_a_decoder_bundle_keeps_one_copy_of_the_ring_graphs_weights(loud_decoder, tmp_path):
-    """The runtime loads the ONNX Runtime-optimized artifact and the fast path: the processed model.onnx,
-    a third copy of the weights, is left out, and the manifest says so."""
+    """The runtime loads the ONNX Runtime-optimized artifact and the fast path: the processed model.onnx, a
+    third copy of the weights, is left out, the fast path reads the artifact's weights, and the manifest says so."""
     from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.runtime.generation.generator import GenerationConfig, Generator
 
     bundle = build(loud_decoder, BuildConfig(target="cpu", out=tmp_path / "d", parity=False))
-    assert sorted(bundle.manifest.files) == ["generation.json", "model.fast_path.onnx", "model.ort.onnx", "report.md",
-                                             "tokenizer.json"]
+    assert sorted(bundle.manifest.files) == ["generation.json", "model.fast_path.onnx", "model.ort.onnx", "model.weights",
+                                             "report.md", "tokenizer.json"]
     assert not (bundle.path / "model.onnx").exists()
     assert "left out" in bundle.manifest.sections["files"]["processed_model"]
     assert "model.onnx left out" in bundle.report.read_text()
+    # the fast path points at the artifact's weights instead of holding a second copy
+    weights = (bundle.path / "model.weights").stat().st_size
+    shared = bundle.manifest.sections["decoder"]["fast_path_shared_bytes"]
+    assert shared > weights / 3 and (bundle.path / "model.fast_path.onnx").stat().st_size < weights / 10
     with Generator.open(bundle.path) as gen:
         result = gen.generate("Hello", GenerationConfig(max_tokens=3))
     assert 1 <= result.completion_tokens <= 3

@@ -42,6 +42,7 @@ __all__ = ["BuildConfig", "build"]
 
 PROCESSED_NAME = "model.onnx"
 FAST_PATH_NAME = fast.FAST_PATH_NAME
+SHARED_WEIGHTS_NAME = "model.weights"  # a cpu decoder's weights: the ring graph's, and the fast path reads them too
 DEFAULT_SEQ: Range = (1, 128, 512)
 CACHE_DIM = "cache"  # a decoder's cache rows (edgeattn.decoder.export): sinks + the ring
 
@@ -89,24 +90,31 @@ def build(model_path: str | Path, config: BuildConfig = BuildConfig(), *,
         onnx.save(processed, str(staging / PROCESSED_NAME))  # written once: the file the builder's library reads
         del processed
         progress(f"engine for {target.name} ({target.backend})")
+        weights = SHARED_WEIGHTS_NAME if fast_source is not None else None  # the ring graph's, for the fast path
         artifact = builder_for(target.backend)(EngineJob(model, staging / PROCESSED_NAME, processed_sig, staging,
-                                                         target, config.precision, shape_plan))
+                                                         target, config.precision, shape_plan, weights))
         del model
         decoder_files, decoder = write_bundle_files(metadata, staging) if decoder_info else ([], None)
         fast_details = None
         if fast_source is not None:
             fast_details = fast.build_fast_path(fast_source, fast_path_of(plan), ctx, results, decoder,
-                                                staging / FAST_PATH_NAME, progress)
+                                                staging / FAST_PATH_NAME, progress, staging / artifact.artifact)
             del fast_source
         parity, fast_problems = _check(source, model_path, staging, artifact, processed_sig, shape_plan, config, quantized,
                                        decoder, fast_details, progress)
         if decoder is not None and (staging / FAST_PATH_NAME).exists():
             decoder["fast_path_model"] = FAST_PATH_NAME
             decoder_files.append(FAST_PATH_NAME)
+            decoder["fast_path_shared_bytes"] = fast_details["shared_bytes"]  # weights it reads from the artifact's
             decoder["fast_path_rotation"] = sorted(set((fast_details.get("rotary") or {}).values()))  # how, or why not
             if fast_details.get("rotary_rows"):  # its rotation tables end there: later positions take the ring graph
                 decoder["fast_path_positions"] = fast_details["rotary_rows"]
         kept = _kept_files(staging, artifact.artifact, decoder)
+        if decoder is not None and decoder.get("fast_path_shared_bytes"):
+            kept["note"]["shared_weights"] = (f"{FAST_PATH_NAME} reads {decoder['fast_path_shared_bytes'] / 2**20:.1f} "
+                                              f"MiB of its weights from {SHARED_WEIGHTS_NAME}, {artifact.artifact}'s "
+                                              f"side file: one copy of them on disk")
+            kept["note"]["summary"] = "; ".join(n for n in (kept["note"].get("summary"), kept["note"]["shared_weights"]) if n)
         problems = [p for r in results for p in r.problems] + artifact.problems + fast_problems
         if config.strict and problems:
             raise StrictModeError(f"--strict: {len(problems)} problem(s), first: {problems[0]}")

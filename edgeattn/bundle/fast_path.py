@@ -27,10 +27,12 @@ FAST_PATH_NAME = "model.fast_path.onnx"
 
 
 def build_fast_path(model: ir.Model, plan: BuildPlan, ctx: PassContext, cpu_results: list[PassResult],
-                    decoder: dict, out: Path, progress: Callable[[str], None]) -> dict | None:
+                    decoder: dict, out: Path, progress: Callable[[str], None], artifact: Path | None = None
+                    ) -> dict | None:
     """Run the fast path plan (`plans.fast_path_of` the cpu plan) on `model` (a copy of the source, changed in
     place) and save it to `out`; what the cached attention lowering did, or None (and nothing written) when a
-    layer did not take the form."""
+    layer did not take the form. Weights equal to ones `artifact` keeps in its side file are not written again:
+    the fast path points at them there (`shared_bytes`)."""
     lowering = next((r for r in cpu_results if r.name == "lower-cached-cpu"), None)
     if lowering is None or not lowering.details.get("lowered"):
         return None
@@ -50,9 +52,40 @@ def build_fast_path(model: ir.Model, plan: BuildPlan, ctx: PassContext, cpu_resu
     keep = model.graph.initializers.pop(LOGITS_TO_KEEP, None)  # an input the runtime always binds
     if keep is not None:
         keep.const_value = None
+    done["shared_bytes"] = share_weights(model, artifact) if artifact is not None else 0
     ir.save(model, out)
-    progress(f"fast path: {out.name} ({done['group_query_attention']} layers on GroupQueryAttention)")
+    progress(f"fast path: {out.name} ({done['group_query_attention']} layers on GroupQueryAttention; "
+             f"{done['shared_bytes'] / 2**20:.1f} MiB of weights shared with {artifact.name if artifact else '-'})")
     return done
+
+
+def share_weights(model: ir.Model, artifact: Path) -> int:
+    """Point `model`'s initializers at the byte-identical tensors `artifact` (an ONNX file beside the model)
+    keeps as external data, instead of holding copies; the bytes shared. Only tensors with the same name,
+    type, shape and bytes are shared."""
+    import onnx
+
+    saved = {t.name: t for t in onnx.load(str(artifact), load_external_data=False).graph.initializer
+             if t.data_location == onnx.TensorProto.EXTERNAL}
+    shared = 0
+    for name, value in model.graph.initializers.items():
+        tensor, proto = value.const_value, saved.get(name)
+        if tensor is None or proto is None or tensor.dtype != ir.DataType(proto.data_type) or \
+                list(tensor.shape) != list(proto.dims):
+            continue
+        info = {e.key: e.value for e in proto.external_data}
+        offset, length = int(info.get("offset", 0)), int(info["length"])
+        data = tensor.tobytes()
+        if len(data) != length:
+            continue
+        with open(artifact.parent / info["location"], "rb") as f:
+            f.seek(offset)
+            if f.read(length) != data:
+                continue
+        value.const_value = ir.ExternalTensor(info["location"], offset, length, tensor.dtype, shape=tensor.shape,
+                                              name=name, base_dir=artifact.parent)
+        shared += length
+    return shared
 
 
 def compare_fast_path(ring, fast_path_model: Path, decoder: dict) -> dict:

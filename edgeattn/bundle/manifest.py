@@ -123,9 +123,12 @@ class Manifest:
         return next((s for s in self.inputs if s.role == role), None)
 
     def loaded_files(self) -> list[object]:
-        """The files a runtime opens: the artifact and, for a decoder, its generation settings, its tokenizer
-        and its fast path. Each must be among the hashed files."""
+        """The files a runtime opens: the artifact and the files it reads, and, for a decoder, its generation
+        settings, its tokenizer and its fast path. Each must be among the hashed files."""
         names: list[object] = [self.artifact]
+        engine = self.sections.get("engine")
+        if isinstance(engine, dict) and isinstance(engine.get("extra_files"), list):
+            names += engine["extra_files"]  # read with the artifact (its external weights)
         decoder = self.sections.get("decoder")
         if isinstance(decoder, dict):
             names += [GENERATION_FILE, TOKENIZER_FILE]

@@ -29,6 +29,7 @@ class EngineJob:
     target: Target
     precision: str  # the requested float type (BuildConfig.precision)
     shape_plan: ShapePlan
+    weights_file: str | None = None  # an ONNX artifact's weights in this side file, for other graphs to share
 
 
 @dataclass
