@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from edgeattn.errors import ModelError
 from edgeattn.optional import require
 
+torch = require("torch", "generation on CUDA")  # this module is the GPU path: importing it means torch is wanted
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -50,7 +52,6 @@ class PackedDecoder:
 
     @classmethod
     def from_hf(cls, model, *, sinks: int, window_max: int) -> "PackedDecoder":
-        torch = require("torch", "generation on CUDA")
         config = model.config
         if config.model_type not in SUPPORTED:
             raise ModelError(f"cuda decode step: expected a model of {', '.join(SUPPORTED)}, "
@@ -112,7 +113,6 @@ class PackedDecoder:
 
     def new_cache(self, streams: int):
         """keys, values: per layer [streams, H_kv, sinks + W_max, D] on the weights' device, zero-filled."""
-        torch = require("torch", "generation on CUDA")
         s = self.shape
         size = (streams, s.kv_heads, s.capacity, s.head_dim)
         make = lambda: [torch.zeros(size, dtype=self.dtype, device=self.device) for _ in range(s.layers)]  # noqa: E731
@@ -142,7 +142,6 @@ def _angles(torch, inv_freq, positions, scaling, dtype):
 
 def layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, *, shape: DecoderShape):
     """Before attention: h [B, hidden] -> (q at t, q at the sinks' position, k at t, v), [B, H(_kv), D] each."""
-    torch = require("torch", "generation on CUDA")
     s, b = shape, h.shape[0]
     nq, nk = s.heads * s.head_dim, s.kv_heads * s.head_dim
     qkv = torch.nn.functional.linear(_rms_norm(torch, h, ln1, s.eps), wqkv, bqkv)
@@ -156,7 +155,6 @@ def layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, *, shape: Dec
 
 def layer_tail(h, o, wo, ln2, wgu, wd, *, shape: DecoderShape):
     """After attention: the output projection and the MLP with their residuals -> h [B, hidden]."""
-    torch = require("torch", "generation on CUDA")
     F = torch.nn.functional
     h = h + F.linear(o.reshape(h.shape[0], -1), wo)
     gate, up = F.linear(_rms_norm(torch, h, ln2, shape.eps), wgu).chunk(2, dim=-1)
@@ -168,7 +166,6 @@ def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits
     """ids, positions: [B] int64 (positions: tokens each stream holds before this one); window: [] int64.
     Writes each stream's new row into `keys`/`values` (per layer [B', H_kv, C, D]) and returns logits [B, V].
     `head` / `tail`: the per-layer pieces around attention (compiled versions of layer_head / layer_tail)."""
-    torch = require("torch", "generation on CUDA")
     import edgeattn.plugins.kernels.ring_ops  # noqa: F401  (registers torch.ops.edgeattn.ring_decode)
 
     F, s, t = torch.nn.functional, w.shape, w.t
@@ -202,7 +199,7 @@ class DecodeGraph:
 
     def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
                  compile: str = "none", greedy: bool = True, sampling=None) -> None:
-        torch = self.torch = require("torch", "generation on CUDA")
+        self.torch = torch
         self.weights, self.keys, self.values, self.batch, self.splits = weights, keys, values, batch, splits
         dev = weights.device
         self.ids = torch.zeros(batch, dtype=torch.int64, device=dev)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from edgeattn.optional import require
 
+torch = require("torch", "sampling on the device")  # the GPU path's module: importing it means torch is wanted
+
 # splitmix64's constants as signed 64-bit integers (torch has no uint64 arithmetic on CUDA)
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -33,7 +35,6 @@ def _mix(torch, z):
 
 def uniforms(seeds, drawn, vocab: int):
     """[B] int64 seeds and draw counters -> [B, vocab] float32 in (0, 1)."""
-    torch = require("torch", "sampling on the device")
     entry = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     key = _mix(torch, seeds * _GOLDEN + drawn)  # [B]
     z = _mix(torch, key[:, None] + entry[None, :] * _GOLDEN)
@@ -49,8 +50,7 @@ class DeviceSampling:
 
     @classmethod
     def for_streams(cls, streams: int, device) -> "DeviceSampling":
-        torch = require("torch", "sampling on the device")
-        return cls(torch.zeros(streams, device=device), torch.zeros(streams, dtype=torch.int64, device=device),
+            return cls(torch.zeros(streams, device=device), torch.zeros(streams, dtype=torch.int64, device=device),
                    torch.ones(streams, device=device), torch.zeros(streams, dtype=torch.int64, device=device),
                    torch.zeros(streams, dtype=torch.int64, device=device))
 
@@ -69,7 +69,6 @@ class DeviceSampling:
 def sample(logits, params: DeviceSampling, *, advance: bool = True):
     """logits: [B, V] -> [B] int64. Greedy rows (temperature 0) take the argmax; the others draw with Gumbel-max
     among the tokens top-k and top-p keep. `advance`: count the draw (params.drawn += 1) on the device."""
-    torch = require("torch", "sampling on the device")
     b, vocab = logits.shape
     greedy = params.temperature <= 0
     x = logits.float() / torch.where(greedy, 1.0, params.temperature)[:, None]
