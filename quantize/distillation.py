@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from edgeattn import atomic
 from edgeattn.errors import ConfigError
+from edgeattn.gpu import check_device_name, resolve_device, torch_cuda_available
 from edgeattn.quantize.progress import StepProgress
 
 SCHEDULES = ("constant", "cosine", "linear")
@@ -53,8 +55,6 @@ class DistillConfig:
     progress: bool = True  # a progress bar on rank 0
 
     def __post_init__(self) -> None:
-        from edgeattn.gpu import check_device_name
-
         if self.steps < 0:
             raise ConfigError(f"steps: expected >= 0, found {self.steps}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
@@ -114,8 +114,6 @@ def _dist() -> tuple[int, int]:
 def init_distributed() -> tuple[int, int]:
     """Join the process group torchrun describes (WORLD_SIZE > 1); (rank, world size)."""
     import torch
-
-    from edgeattn.gpu import torch_cuda_available
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         # gloo for CPU tensors, nccl for CUDA ones: a CPU run on a GPU machine needs gloo too
@@ -225,8 +223,6 @@ def _parameter_groups(student, cfg: DistillConfig):
 def _save(path: Path, student, opt, step: int, cfg: DistillConfig) -> None:
     import torch
 
-    from edgeattn import atomic
-
     buf = io.BytesIO()
     torch.save({"step": step, "model": student.state_dict(), "optimizer": opt.state_dict(),
                 "config": {k: str(v) for k, v in asdict(cfg).items()}}, buf)
@@ -241,8 +237,6 @@ def distill(student, teacher, batches: Iterator[dict], kind: str, cfg: DistillCo
     `StepProgress` named `task` (steps done of the total, elapsed time, the loss)."""
     import torch
     from torch import nn
-
-    from edgeattn.gpu import resolve_device
 
     rank, world = _dist()
     device = torch.device(resolve_device(cfg.device))

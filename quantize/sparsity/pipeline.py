@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import onnx
+import onnx_ir as ir
 
 from edgeattn import atomic, hf_models, text
 from edgeattn.errors import ConfigError
 from edgeattn.export import ExportConfig, export_module
 from edgeattn.gpu import check_device_name, resolve_device
-from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY
+from edgeattn.passes.check_sparsity import DECISIONS_KEY, METADATA_KEY, WEIGHTS_KEY, sparse_metadata
 from edgeattn.quantize.config import config_from_name
 from edgeattn.quantize.distillation import DistillConfig, distill, sparsity_finetune
 from edgeattn.quantize.fidelity import Probe, check_floor_kind, check_floor_values, describe
@@ -82,10 +83,6 @@ def add_sparse_metadata(onnx_path: Path, layers: list[str], decisions: dict[str,
     """Record the pruned layers the graph holds, with digests of their weights (so the build finds them again
     when attention fusion packs them under a new name), and the per-layer decisions in the ONNX metadata,
     atomically."""
-    import onnx_ir as ir
-
-    from edgeattn.passes.check_sparsity import WEIGHTS_KEY, sparse_metadata
-
     model = onnx.load(str(onnx_path))
     kept = [p for p in model.metadata_props if p.key not in (METADATA_KEY, DECISIONS_KEY, WEIGHTS_KEY)]
     del model.metadata_props[:]
