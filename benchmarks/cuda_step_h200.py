@@ -58,7 +58,7 @@ def correctness(device, smoke):
     w = PackedDecoder.from_hf(model, sinks=4, window_max=64)
     out = {}
     tokens = torch.randint(3, 40000, (4, 100), device=device)
-    for mode in ("none", "layers", "whole"):
+    for mode in ("none", "layers", "linked", "whole"):
         k1, v1 = w.new_cache(4)
         k2, v2 = w.new_cache(4)
         graph = DecodeGraph(w, k2, v2, batch=4, splits=1, compile=mode)

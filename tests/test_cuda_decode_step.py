@@ -64,7 +64,7 @@ def test_a_window_changes_the_answer_and_the_sinks_are_kept():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", ["none", "layers", "whole"])
+@pytest.mark.parametrize("mode", ["none", "layers", "linked", "whole"])
 def test_graph_replays_equal_eager_steps_on_cuda(mode):
     model = tiny().to("cuda")
     weights = PackedDecoder.from_hf(model, sinks=4, window_max=64)
@@ -78,3 +78,22 @@ def test_graph_replays_equal_eager_steps_on_cuda(mode):
         got = graph(tokens[:, p], pos, 16)
         assert torch.equal(want, got)
     assert torch.allclose(k1[0].float(), k2[0].float(), atol=1e-5)
+
+
+def test_the_linked_pieces_compute_the_same_step():
+    """decode_linked (cache writes inside the pieces, attention reading rows already written) equals
+    decode_logits (the ring op writes, then attends), through a wrapping ring at a small window."""
+    from edgeattn.runtime.cuda.decode_step import decode_linked
+
+    model = tiny("qwen3")
+    weights = PackedDecoder.from_hf(model, sinks=2, window_max=8)
+    tokens = torch.randint(0, 96, (2, 20))
+    k1, v1 = weights.new_cache(2)
+    k2, v2 = weights.new_cache(2)
+    with torch.no_grad():
+        for p in range(20):
+            pos = torch.tensor([p, max(p - 3, 0)])
+            a = decode_logits(weights, tokens[:, p], pos, torch.tensor(5), k1, v1)
+            b = decode_linked(weights, tokens[:, p], pos, torch.tensor(5), k2, v2)
+            assert torch.allclose(a, b, atol=1e-5), p
+    assert torch.equal(k1[1], k2[1])

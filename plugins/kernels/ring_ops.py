@@ -27,9 +27,7 @@ OP_NAME = "edgeattn::ring_decode"
 
 def _write_rows(k, v, k_cache, v_cache, positions, sinks: int) -> None:
     b = k.shape[0]
-    wmax = k_cache.shape[2] - sinks
-    p = positions.to(torch.int64)
-    rows = torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, wmax))  # rows: [B]
+    rows = _rows(positions, sinks, k_cache.shape[2] - sinks)  # rows: [B]
     streams = torch.arange(b, device=k.device)
     k_cache[streams, :, rows] = k.to(k_cache.dtype)  # advanced indices around a slice: [B, H_kv, D]
     v_cache[streams, :, rows] = v.to(v_cache.dtype)
@@ -65,4 +63,44 @@ def _ring_decode_fake(q, q_sink, k, v, k_cache, v_cache, positions, window, sink
     return torch.empty_like(q)
 
 
-__all__ = ["OP_NAME", "ring_decode"]
+ATTEND_NAME = "edgeattn::ring_attend"
+
+
+@torch.library.custom_op(ATTEND_NAME, mutates_args=())
+def ring_attend(q: torch.Tensor, q_sink: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                positions: torch.Tensor, window: torch.Tensor, sinks: int, scale: float, splits: int) -> torch.Tensor:
+    """ring_decode's attention alone, for a caller that already wrote the new rows (the cuda step writes them in
+    the compiled piece that computes them). Reference for non-CUDA devices."""
+    b = q.shape[0]
+    rows = _rows(positions, sinks, k_cache.shape[2] - sinks)
+    streams = torch.arange(b, device=q.device)
+    k, v = k_cache[streams, :, rows], v_cache[streams, :, rows]  # the new rows, [B, H_kv, D]
+    # the new rows already in the cache are never read as past rows: a wrapped ring's row at slot(t) held
+    # position t - W_max, at distance W_max, outside any window
+    out = cached_windowed_attention(q[:, :, None].float(), q_sink[:, :, None].float(), k[:, :, None].float(),
+                                    v[:, :, None].float(), k_cache[:b].float(), v_cache[:b].float(), positions, window,
+                                    sinks=sinks, scale=scale)
+    return out[:, :, 0].to(q.dtype)
+
+
+@ring_attend.register_kernel("cuda")
+def _ring_attend_cuda(q, q_sink, k_cache, v_cache, positions, window, sinks, scale, splits):
+    from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+    b = q.shape[0]
+    out = cached_decode(q[:, :, None], q_sink[:, :, None], k_cache[:b], v_cache[:b], positions, window,
+                        sinks=sinks, scale=scale, splits=splits or None)
+    return out[:, :, 0]
+
+
+@ring_attend.register_fake
+def _ring_attend_fake(q, q_sink, k_cache, v_cache, positions, window, sinks, scale, splits):
+    return torch.empty_like(q)
+
+
+def _rows(positions, sinks: int, wmax: int):
+    p = positions.to(torch.int64)
+    return torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, wmax))
+
+
+__all__ = ["ATTEND_NAME", "OP_NAME", "ring_attend", "ring_decode"]

@@ -161,6 +161,52 @@ def layer_tail(h, o, wo, ln2, wgu, wd, *, shape: DecoderShape):
     return h + F.linear(F.silu(gate) * up, wd)
 
 
+def head_writing(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams, rows, *,
+                 shape: DecoderShape):
+    """layer_head that also writes the new key and value rows into the layer's cache (in place) -> (q, q_sink)."""
+    q, q_s, k, v = layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, shape=shape)
+    k_cache[streams, :, rows] = k.to(k_cache.dtype)
+    v_cache[streams, :, rows] = v.to(v_cache.dtype)
+    return q, q_s
+
+
+def layer_link(h, o, wo, ln2, wgu, wd, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams,
+               rows, *, shape: DecoderShape):
+    """One layer's tail and the next layer's head (with its cache write) as one piece: the residual, the norm
+    and the rotation between them fuse."""
+    h = layer_tail(h, o, wo, ln2, wgu, wd, shape=shape)
+    return (h, *head_writing(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams, rows,
+                             shape=shape))
+
+
+def decode_linked(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
+                  first=head_writing, link=layer_link, tail=layer_tail):
+    """decode_logits with the cache writes inside the pieces (first head, links, last tail) and attention by
+    `torch.ops.edgeattn.ring_attend` (it reads the rows already written)."""
+    import edgeattn.plugins.kernels.ring_ops  # noqa: F401  (registers the ops)
+
+    F, s, t = torch.nn.functional, w.shape, w.t
+    wl = torch.where((window <= 0) | (window > s.window_max), s.window_max, window)
+    cos, sin = _angles(torch, w.inv_freq, positions, w.rope_scaling, w.dtype)
+    cos_s, sin_s = _angles(torch, w.inv_freq, torch.minimum(positions, s.sinks + wl), w.rope_scaling, w.dtype)
+    streams = torch.arange(ids.shape[0], device=ids.device)
+    p = positions.to(torch.int64)
+    rows = torch.where(p < s.sinks, p, s.sinks + torch.remainder(p - s.sinks, s.window_max))
+    h = F.embedding(ids, t["embed"])  # h: [B, hidden]
+    q, q_s = first(h, t["ln1"][0], t["wqkv"][0], t["bqkv"][0], t["qn"][0], t["kn"][0], cos, sin, cos_s, sin_s,
+                   keys[0], values[0], streams, rows, shape=s)
+    for i in range(s.layers):
+        o = torch.ops.edgeattn.ring_attend(q, q_s, keys[i], values[i], positions, window, s.sinks, s.scale, splits)
+        if i + 1 == s.layers:
+            h = tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
+            break
+        j = i + 1
+        h, q, q_s = link(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], t["ln1"][j], t["wqkv"][j],
+                         t["bqkv"][j], t["qn"][j], t["kn"][j], cos, sin, cos_s, sin_s, keys[j], values[j], streams,
+                         rows, shape=s)
+    return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
+
+
 def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
                   head=layer_head, tail=layer_tail):
     """ids, positions: [B] int64 (positions: tokens each stream holds before this one); window: [] int64.
@@ -182,19 +228,21 @@ def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
 
 
-def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, **pieces):
+def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
+                  _logits=None, **pieces):
     """decode_logits, then the argmax on the device: [B] int64."""
-    return decode_logits(w, ids, positions, window, keys, values, splits, **pieces).argmax(dim=-1)
+    return (_logits or decode_logits)(w, ids, positions, window, keys, values, splits, **pieces).argmax(dim=-1)
 
 
-COMPILE_MODES = ("none", "layers", "whole")
+COMPILE_MODES = ("none", "layers", "linked", "whole")
 
 
 class DecodeGraph:
     """A decode step for the first `batch` streams of a cache, captured once in a CUDA graph and replayed.
 
     `compile`: "none", "layers" (torch.compile on the pieces around attention: one compilation serves every
-    layer, window and split count) or "whole" (the step as one graph, recompiled per split count). `splits`:
+    layer, window and split count), "linked" (a layer's tail and the next one's head, cache writes included,
+    compiled as one piece) or "whole" (the step as one graph, recompiled per split count). `splits`:
     programs per kv head of the attention kernel (fixed by the capture; cached_decode_splits sizes it)."""
 
     def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
@@ -217,6 +265,10 @@ class DecodeGraph:
             fn = torch.compile(fn, fullgraph=True, dynamic=False)
         elif compile == "layers":
             self._pieces = {"head": _compiled(torch, layer_head), "tail": _compiled(torch, layer_tail)}
+        elif compile == "linked":
+            self._pieces = {"first": _compiled(torch, head_writing), "link": _compiled(torch, layer_link),
+                            "tail": _compiled(torch, layer_tail)}
+            fn = _linked(fn)
         self._fn = fn
         self.graph = None
         self.out = None
@@ -262,11 +314,23 @@ class DecodeGraph:
         return self.out
 
 
+def _linked(fn):
+    """The same step through decode_linked (fn is decode_greedy, decode_logits or a sampled step)."""
+    if fn is decode_logits:
+        return decode_linked
+
+    def step(w, ids, positions, window, keys, values, splits=0, **pieces):
+        return fn(w, ids, positions, window, keys, values, splits, _logits=decode_linked, **pieces)
+
+    return step
+
+
 def _sampled(params, active):
     from edgeattn.runtime.cuda.sampling import sample
 
-    def step(w, ids, positions, window, keys, values, splits=0, **pieces):
-        ids = sample(decode_logits(w, ids, positions, window, keys, values, splits, **pieces), params, advance=False)
+    def step(w, ids, positions, window, keys, values, splits=0, *, _logits=None, **pieces):
+        logits = (_logits or decode_logits)(w, ids, positions, window, keys, values, splits, **pieces)
+        ids = sample(logits, params, advance=False)
         params.drawn.add_(active)
         return ids
 
