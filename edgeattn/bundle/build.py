@@ -9,7 +9,6 @@ copy of the source.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import platform

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from edgeattn import onnx_model
 from edgeattn.engines.tensorrt import adapter, attention_mapping
 from edgeattn.engines.tensorrt import layers as trt_layers
 from edgeattn.engines.tensorrt import profiles as trt_profiles
