@@ -88,3 +88,12 @@ def test_an_out_that_cannot_be_written_is_an_input_error(tiny_onnx, runner):
     result = runner.invoke(cli, ["build", str(tiny_onnx), "--target", "cpu", "--out", "/proc/edgeattn-test/b"])
     assert result.exit_code == 2 and "expected a place this user can write" in result.output
     assert isinstance(result.exception, SystemExit)
+
+
+def test_a_pipeline_work_dir_that_cannot_be_written_is_an_input_error(tiny_onnx, tmp_path):
+    from edgeattn.pipeline import load, run
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[[stage]]\nkind = "build"\nmodel = "{tiny_onnx}"\ntarget = "cpu"\n')
+    with pytest.raises(InputError, match="expected a folder this user can write"):
+        run(load(recipe, work_dir="/proc/edgeattn-test/work"))

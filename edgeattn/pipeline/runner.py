@@ -166,8 +166,12 @@ def _external_digest(model: str | Path) -> str:
 @contextlib.contextmanager
 def _lock(work_dir: Path) -> Iterator[None]:
     """One run per work folder at a time (the lock goes with the process, SIGKILL included)."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(work_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InputError(f"work_dir {work_dir}: expected a folder this user can write, found "
+                         f"{exc.strerror or exc}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
