@@ -179,6 +179,44 @@ def backend_steps(device, smoke):
     return rows
 
 
+def prefill_ttft(device, smoke):
+    """Time to the first token of 2,048-token prompts, batch 1 and 8 (ours: one chunk a stream through
+    CudaDecoder.step_sample; Hugging Face: generate with one new token), bf16."""
+    from edgeattn.runtime.cuda.backend import CudaDecoder
+
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    n = 256 if smoke else 2048
+    dec = CudaDecoder.from_hf(model, sinks=4, window_max=2 * n)
+    rows = []
+    for batch in (1, 8):
+        prompt = torch.randint(3, 40000, (batch, n), device=device)
+        cache = dec.new_cache(batch)
+
+        def ours():
+            for r in range(batch):
+                cache.reset(r)
+                dec.step_sample(cache, [r], prompt[r:r + 1].cpu().numpy(), 0, [SamplingConfig()])
+
+        def hf():
+            with torch.no_grad():
+                model.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
+
+        for name, fn in (("edgeattn CudaDecoder prefill", ours), ("HF generate (1 new token)", hf)):
+            for _ in range(2):
+                fn()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            row = {"engine": name, "batch": batch, "prompt": n, "ttft_ms": 1e3 * statistics.median(times)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_step_h200.json"))
@@ -193,6 +231,7 @@ def main() -> None:
              "parity": lambda: hf_parity(device, args.smoke),
              "speed": lambda: speed(device, args.smoke, args.modes.split(",")),
              "backend": lambda: backend_steps(device, args.smoke),
+             "prefill": lambda: prefill_ttft(device, args.smoke),
              "peers": lambda: decode_speed(device, args.smoke)}
     for name in args.parts.split(","):
         t = time.perf_counter()
