@@ -1,8 +1,9 @@
 """Fuzzing the inference, admin and generation routes: no input is a 500.
 
 From the server's own OpenAPI description (schemathesis: structure and types), then well-formed requests
-with arbitrary values (hypothesis: ids, shapes). Deterministic (derandomized) and bounded: a fixed number
-of examples per route, on 127.0.0.1 only.
+with arbitrary values (hypothesis: ids, shapes; generation bodies with odd unicode, stop lists, numbers of any
+size and content codings). Deterministic (derandomized) and bounded: a fixed number of examples per route, on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -142,3 +143,67 @@ def test_no_generation_request_is_a_server_error(case, gen_url):
     if response.status_code >= 400:
         error = response.json()["error"]
         assert isinstance(error, str) or {"message", "type", "param", "code"} <= set(error), response.text[:300]
+
+
+# --- generation bodies: well-formed JSON with odd values, any content coding --------------------------------
+HUGE = "@HUGE@"  # replaced by an integer of 4,400 digits in the JSON text (json.dumps cannot write one)
+_odd_text = st.one_of(
+    st.text(st.characters(exclude_categories=()), max_size=24),  # lone surrogates, controls, private use
+    st.sampled_from(["\ud800", "a\udfffb", "\x00", "\u202e\u0301\u200d", "\U0001f525" * 3, "\ufeff", "\r\n\t"]),
+    st.text(max_size=400))
+_number = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.integers(-10**400, 10**400),
+                    st.just(HUGE), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3))
+_stop = st.one_of(st.none(), _odd_text, st.lists(_odd_text, max_size=6),
+                  st.lists(st.text(min_size=250, max_size=300), min_size=1, max_size=2))
+_tokens = st.one_of(st.integers(1, 3), st.integers(-2, 0), st.integers(10**6, 10**400), st.just(HUGE),
+                    st.floats(allow_nan=True), st.text(max_size=2))
+
+
+@st.composite
+def _generation_request(draw):
+    route = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v2/models/dec/generate",
+                                  "/v2/models/dec/generate_stream"]))
+    text = draw(_odd_text)
+    if route == "/v1/chat/completions":
+        doc = {"model": "dec", "messages": [{"role": draw(st.sampled_from(["user", "system", "\ud800"])),
+                                             "content": text}]}
+    elif route == "/v1/completions":
+        doc = {"model": "dec", "prompt": draw(st.one_of(st.just(text), st.lists(st.integers(-5, 60_000),
+                                                                                  max_size=8)))}
+    else:
+        doc = {"text_input": text}
+    doc["max_tokens"] = draw(_tokens)
+    for key in draw(st.sets(st.sampled_from(["temperature", "top_p", "seed", "n", "best_of"]), max_size=3)):
+        doc[key] = draw(_number)
+    doc["stop"] = draw(_stop)
+    doc["stream"] = draw(st.one_of(st.none(), st.booleans(), _number)) if route.startswith("/v1") else None
+    return route, doc
+
+
+def _encoded(raw: bytes, coding: str | None) -> tuple[bytes, dict]:
+    import gzip
+    import zlib
+
+    headers = {"Content-Type": "application/json"}
+    if coding is None:
+        return raw, headers
+    body = {"gzip": gzip.compress, "deflate": zlib.compress, "identity": lambda b: b,
+            "corrupt gzip": lambda b: gzip.compress(b)[:-5], "br": lambda b: b}[coding](raw)
+    return body, {**headers, "Content-Encoding": coding.split()[-1]}
+
+
+@given(generation=_generation_request(),
+       coding=st.sampled_from([None, None, "gzip", "deflate", "identity", "corrupt gzip", "br"]))
+@settings(max_examples=80, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_generation_bodies_of_any_value_are_answered_or_refused(gen_url, generation, coding):
+    """Odd unicode (lone surrogates included), stop lists of any size, numbers of any size, content codings:
+    never a 500, and every refusal in its route's error shape."""
+    route, doc = generation
+    raw = json.dumps(doc).replace(json.dumps(HUGE), "9" * 4400).encode()
+    body, headers = _encoded(raw, coding)
+    status, answer, _ = http(gen_url[len("http://"):], "POST", route, body, headers)
+    assert status < 500, (route, doc, coding, status, answer)
+    if status >= 400:
+        error = answer["error"]
+        assert isinstance(error, dict) if route.startswith("/v1") else isinstance(error, str), answer

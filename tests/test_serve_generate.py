@@ -81,7 +81,7 @@ def test_completion_equals_the_generator(served, tiny_decoder):
     assert doc["object"] == "text_completion" and choice["text"] == ref.text
     assert choice["finish_reason"] == ref.finish_reason
     assert doc["usage"] == {"prompt_tokens": ref.prompt_tokens, "completion_tokens": len(ref.tokens),
-                            "total_tokens": ref.prompt_tokens + len(ref.tokens), "prompt_tokens_evicted": 0}
+                            "total_tokens": ref.prompt_tokens + len(ref.tokens), "evicted_prompt_tokens": 0}
     assert doc["parameters"]["attention_window"] == 0
 
 
@@ -281,7 +281,7 @@ def test_a_prompt_longer_than_the_cache_keeps_head_and_tail(served, tiny_decoder
     prompt = " ".join(f"word{i}" for i in range(200))
     doc = _complete(url, prompt, max_tokens=6)
     ref = _reference(tiny_decoder[3], prompt, 6)
-    assert doc["usage"]["prompt_tokens_evicted"] == ref.evicted_prompt_tokens > 0
+    assert doc["usage"]["evicted_prompt_tokens"] == ref.evicted_prompt_tokens > 0
     assert doc["choices"][0]["text"] == ref.text
 
 

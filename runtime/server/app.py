@@ -23,12 +23,13 @@ from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, InputError
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.decoder_runtime import DecoderRuntime, is_decoder, window_bound
-from edgeattn.runtime.server.generate_routes import BODY_READER, DECODERS, DEVICE, add_routes
+from edgeattn.runtime.server.generate_routes import DECODERS, DEVICE, SETTINGS, add_routes
 from edgeattn.runtime.server.kserve import HEADER_LENGTH, WINDOW_PARAMETER, ProtocolError, decode_json
 from edgeattn.runtime.server.metrics import ServerMetrics, sysfs_sensors
 from edgeattn.runtime.server.model_runtime import ModelRuntime
 from edgeattn.runtime.server.offload import JsonWorker
 from edgeattn.runtime.server.openapi import openapi_document
+from edgeattn.runtime.server.request_body import HANDLER_ARGS, read_body
 from edgeattn.runtime.server.served_model import VERSION
 from edgeattn.runtime.server.settings import ServeSettings
 
@@ -36,7 +37,6 @@ log = logging.getLogger("edgeattn.serve")
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "edgeattn_attention_window", "generate"]
 
 MODELS = web.AppKey("models", dict)
-SETTINGS = web.AppKey("settings", ServeSettings)
 WINDOW = web.AppKey("window", LiveWindow)
 METRICS = web.AppKey("metrics", ServerMetrics)
 CONTROLLER = web.AppKey("controller", object)
@@ -51,6 +51,7 @@ class Startup:
 
 STARTUP = web.AppKey("startup", Startup)
 NO_WINDOW_LIMIT = 2**31 - 1  # the window bound when no bundle has a sequence range
+ADMIN_BODY_BYTES = 1 << 20  # an admin body is a window, a source and a reason (kept to 200 characters)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -89,7 +90,7 @@ def _model(request: web.Request) -> ModelRuntime:
         raise ProtocolError(f"model {name!r} is a decoder: it answers /v2/models/{name}/generate[_stream] and "
                             f"the OpenAI routes /v1/completions and /v1/chat/completions, not KServe inference")
     if name not in models:
-        raise ProtocolError(f"unknown model {name!r}: this server has {sorted(models)}", 404)
+        raise ProtocolError(f"unknown model {name!r}: this server has {_names(request.app)}", 404)
     version = request.match_info.get("version")
     if version not in (None, "", VERSION):
         raise ProtocolError(f"model {name!r} has no version {version!r}: expected {VERSION}", 404)
@@ -107,6 +108,10 @@ async def ready(request: web.Request) -> web.Response:
 
 def _all_models(app: web.Application) -> list:
     return list(app[MODELS].values()) + list(app[DECODERS].values())
+
+
+def _names(app: web.Application) -> list[str]:
+    return sorted([*app[MODELS], *app[DECODERS]])
 
 
 def _decoder_or_none(request: web.Request) -> DecoderRuntime | None:
@@ -163,14 +168,10 @@ def _device_parameters(app: web.Application) -> dict:
         return {}
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The whole body, within the body timeout (408 after it: a slow client must not hold a connection)."""
-    timeout = request.app[SETTINGS].body_timeout_s
-    try:
-        return await asyncio.wait_for(request.read(), timeout)
-    except asyncio.TimeoutError:
-        raise ProtocolError(f"request body: expected {request.content_length} bytes within {timeout:g} s, "
-                            f"the client sent them too slowly", 408) from None
+async def _read_body(request: web.Request, limit: int | None = None) -> bytes:
+    """The whole body, decoded, at most `limit` bytes (default: max_body_bytes), within the body timeout."""
+    settings = request.app[SETTINGS]
+    return await read_body(request, limit=limit or settings.max_body_bytes, timeout=settings.body_timeout_s)
 
 
 def _json_bytes(body: bytes, header_length: str | None) -> int:
@@ -262,7 +263,7 @@ def _admin_guard(request: web.Request) -> None:
 
 async def _json_body(request: web.Request) -> dict:
     _admin_guard(request)
-    raw = await _read_body(request)
+    raw = await _read_body(request, ADMIN_BODY_BYTES)
     if not raw:
         return {}
     doc = decode_json(raw)
@@ -355,14 +356,15 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     if window.max_window is None:
         window.bound(max((window_bound(b) for b in bundles), default=0) or NO_WINDOW_LIMIT)
     metrics = metrics or ServerMetrics()
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[errors_as_json],
+                          handler_args={**HANDLER_ARGS, "keepalive_timeout": settings.header_timeout_s})
     app[SETTINGS], app[WINDOW], app[METRICS], app[CONTROLLER] = settings, window, metrics, controller
     app[JSON_WORKER], app[STARTUP] = JsonWorker(), Startup()
     app[MODELS] = {n: ModelRuntime(b, n, settings, window, metrics)
                    for n, b in zip(names, bundles) if not is_decoder(b)}
     app[DECODERS] = {n: DecoderRuntime(b, n, settings, window, metrics)
                      for n, b in zip(names, bundles) if is_decoder(b)}
-    app[DEVICE], app[BODY_READER] = (lambda: _device_parameters(app)), _read_body
+    app[DEVICE] = lambda: _device_parameters(app)
     _routes(app)
     metrics.window.set(window.get())
     window.subscribe(lambda change: metrics.window.set(change.new))

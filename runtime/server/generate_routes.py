@@ -1,15 +1,18 @@
 """HTTP routes of decoder bundles: OpenAI's /v1/models, /v1/completions and /v1/chat/completions (server-sent
 events when `stream` is true) and Triton's /v2/models/{model}/generate and /generate_stream.
 
-The handlers only route: prompts are tokenized here (fast, native), the model runs in the scheduler's worker.
-A client that goes away (a failed write, or a closed transport while waiting) cancels its job, which frees the
-slot before the next decode step.
+The handlers only route. A request's body is bounded (`max_generate_body_bytes`) and read within the body
+timeout; decoding its JSON, validating it and tokenizing the prompt run in a small thread pool (`PREPARE`),
+never on the event loop, so a long prompt delays nobody's health check or stream; the model runs in the
+scheduler's worker. A client that goes away (a failed write, or a closed transport while waiting) cancels its
+job, which frees the slot before the next decode step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -19,11 +22,16 @@ from edgeattn.runtime.server.kserve import WINDOW_PARAMETER, ProtocolError, deco
 from edgeattn.runtime.server.openai_protocol import (OpenAIError, TextRequest, chunk_body, completion_body, now,
                                                      parse_text_request, parse_triton_generate, request_id, usage,
                                                      usage_chunk)
+from edgeattn.runtime.server.request_body import read_body
 from edgeattn.runtime.server.scheduler import QueueFull
+from edgeattn.runtime.server.served_model import VERSION
+from edgeattn.runtime.server.settings import ServeSettings
 
+SETTINGS = web.AppKey("settings", ServeSettings)
 DECODERS = web.AppKey("decoders", dict)
 DEVICE = web.AppKey("device_parameters", object)  # () -> dict: the controller's temperature etc.
-BODY_READER = web.AppKey("body_reader", object)  # async (request) -> bytes, within the body timeout
+PREPARE = web.AppKey("prepare", ThreadPoolExecutor)  # JSON decoding, validation and tokenizing of requests
+PREPARE_THREADS = 2
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.5
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -41,7 +49,10 @@ def openai_errors(handler):
         except OpenAIError as exc:
             return _openai_error(exc)
         except ProtocolError as exc:
-            return _openai_error(OpenAIError(str(exc), exc.status))
+            response = _openai_error(OpenAIError(str(exc), exc.status))
+            if exc.status == 408:  # the rest of the body may still trickle in: drop the connection
+                response.force_close()
+            return response
         except EdgeAttnError as exc:
             return _openai_error(OpenAIError(str(exc), 400 if isinstance(exc, InputError) else 500))
         except web.HTTPException as exc:
@@ -56,8 +67,8 @@ def _openai_error(exc: OpenAIError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status, headers=headers)
 
 
-def _decoder(request: web.Request, name: str) -> DecoderRuntime:
-    decoders = request.app[DECODERS]
+def _decoder(app: web.Application, name: str) -> DecoderRuntime:
+    decoders = app[DECODERS]
     if name not in decoders:
         raise OpenAIError(f"unknown model {name!r}: this server generates with {sorted(decoders)}", 404,
                           param="model", code="model_not_found")
@@ -68,9 +79,26 @@ def _decoder(request: web.Request, name: str) -> DecoderRuntime:
     return model
 
 
-async def _body(request: web.Request):
-    raw = await request.app[BODY_READER](request)
-    return decode_json(raw)
+async def _prepared(request: web.Request, prepare):
+    """`prepare(raw body)` run in the PREPARE pool, on the body read within the generation routes' bounds."""
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, limit=settings.max_generate_body_bytes, timeout=settings.body_timeout_s)
+    return await asyncio.get_running_loop().run_in_executor(request.app[PREPARE], prepare, raw)
+
+
+def _stop_limits(app: web.Application) -> dict:
+    settings = app[SETTINGS]
+    return {"max_stops": settings.max_stops, "max_stop_chars": settings.max_stop_chars}
+
+
+def _encode(codec, text: str) -> list[int]:
+    """The text's token ids, through the tokenizer's batch call when it has one: `encode_batch` lets go of
+    the GIL while it runs, `encode` holds it (a 1 MB prompt stopped every other thread, the event loop's
+    included, for 4.8 s on the dev machine)."""
+    tokenizer = getattr(codec, "tokenizer", None)
+    if callable(getattr(tokenizer, "encode_batch", None)):
+        return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+    return codec.encode(text)
 
 
 def _parameters(app: web.Application, window: int) -> dict:
@@ -87,18 +115,18 @@ def _prompt_ids(model: DecoderRuntime, req: TextRequest) -> list[int]:
         limit = model.model.vocab_size
         bad = [t for t in req.prompt if not 0 <= t < limit]
         if bad:
-            raise OpenAIError(f"prompt: token ids must be in 0..{limit - 1}, found {bad[0]}", param="prompt")
+            raise OpenAIError(f"prompt: token ids must be in 0..{limit - 1}, found {str(bad[0])[:60]}",
+                              param="prompt")
         return list(req.prompt)
-    ids = codec.encode(text)
+    ids = _encode(codec, text)
     if not ids:
         raise OpenAIError("prompt: expected at least one token, found an empty prompt", param="prompt")
     return ids
 
 
-def _submit(model: DecoderRuntime, req: TextRequest) -> Stream:
+def _submit(model: DecoderRuntime, req: TextRequest, ids: list[int]) -> Stream:
     try:
-        return model.submit(_prompt_ids(model, req), max_tokens=req.max_tokens, sampling=req.sampling,
-                            stops=req.stop)
+        return model.submit(ids, max_tokens=req.max_tokens, sampling=req.sampling, stops=req.stop)
     except QueueFull as exc:
         raise OpenAIError(f"the server is busy ({exc}): retry after {RETRY_AFTER_S} s", 429,
                           type="rate_limit_error", code="queue_full") from None
@@ -182,14 +210,21 @@ async def _stream_openai(request: web.Request, model: DecoderRuntime, req: TextR
     return await _serve_sse(stream, events)
 
 
-async def _answer_openai(request: web.Request, chat: bool) -> web.StreamResponse:
-    doc = await _body(request)
+def _openai_request(app: web.Application, chat: bool, raw: bytes) -> tuple[DecoderRuntime, TextRequest, list]:
+    """In the PREPARE pool: the body decoded and validated, the prompt tokenized."""
+    doc = decode_json(raw)
     name = doc.get("model") if isinstance(doc, dict) else None
     if not isinstance(name, str):
         raise OpenAIError(f"model: expected a string, found {str(name)[:60]!r}", param="model")
-    model = _decoder(request, name)
-    req = parse_text_request(doc, chat=chat, max_tokens_limit=model.max_tokens_limit)
-    stream = _submit(model, req)
+    model = _decoder(app, name)
+    req = parse_text_request(doc, chat=chat, max_tokens_limit=model.max_tokens_limit, **_stop_limits(app))
+    return model, req, _prompt_ids(model, req)
+
+
+async def _answer_openai(request: web.Request, chat: bool) -> web.StreamResponse:
+    app = request.app
+    model, req, ids = await _prepared(request, lambda raw: _openai_request(app, chat, raw))
+    stream = _submit(model, req, ids)
     if req.stream:
         return await _stream_openai(request, model, req, stream)
     try:
@@ -225,6 +260,9 @@ def _triton_model(request: web.Request) -> DecoderRuntime:
     decoders = request.app[DECODERS]
     if name not in decoders:
         raise ProtocolError(f"unknown model {name!r}: generate serves {sorted(decoders)}", 404)
+    version = request.match_info.get("version")
+    if version not in (None, "", VERSION):
+        raise ProtocolError(f"model {name!r} has no version {version[:40]!r}: expected {VERSION}", 404)
     model = decoders[name]
     if not model.ready:
         raise ProtocolError(f"model {name!r} is not ready (warming up or shutting down)", 503)
@@ -232,11 +270,16 @@ def _triton_model(request: web.Request) -> DecoderRuntime:
 
 
 async def _triton_request(request: web.Request, stream: bool) -> tuple[DecoderRuntime, Stream, TextRequest]:
-    model = _triton_model(request)
-    doc = await _body(request)
+    model, limits = _triton_model(request), _stop_limits(request.app)
+
+    def prepare(raw: bytes) -> tuple[TextRequest, list[int]]:
+        req = parse_triton_generate(decode_json(raw), model.name, max_tokens_limit=model.max_tokens_limit,
+                                    stream=stream, **limits)
+        return req, _prompt_ids(model, req)
+
     try:
-        req = parse_triton_generate(doc, model.name, max_tokens_limit=model.max_tokens_limit, stream=stream)
-        return model, _submit(model, req), req
+        req, ids = await _prepared(request, prepare)
+        return model, _submit(model, req, ids), req
     except OpenAIError as exc:
         raise ProtocolError(str(exc), exc.status) from None
 
@@ -281,7 +324,14 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     return await _serve_sse(stream, events)
 
 
+async def _close_pool(app: web.Application) -> None:
+    app[PREPARE].shutdown(wait=False, cancel_futures=True)
+
+
 def add_routes(app: web.Application) -> None:
+    """The generation routes, and their PREPARE pool (shut down with the app)."""
+    app[PREPARE] = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="edgeattn-prepare")
+    app.on_cleanup.append(_close_pool)
     get, post = app.router.add_get, app.router.add_post
     get("/v1/models", list_models)
     post("/v1/completions", completions)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,11 +39,15 @@ class ProtocolError(InputError):
 
 
 def decode_json(raw: bytes | memoryview, what: str = "request body"):
-    """json.loads that answers 400 for invalid, non-UTF-8 or too deeply nested JSON."""
+    """json.loads that answers 400 for invalid, non-UTF-8 or too deeply nested JSON, and for integers longer
+    than Python converts from text (4300 digits: sys.get_int_max_str_digits())."""
     try:
         return json.loads(bytes(raw))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except ValueError:  # the integer digit limit, the only other ValueError of json.loads
+        limit = sys.get_int_max_str_digits()
+        raise ProtocolError(f"{what}: expected integers of at most {limit} digits, found a longer one") from None
     except RecursionError:
         raise ProtocolError(f"{what}: JSON nested too deeply: expected at most a few levels") from None
 
@@ -74,15 +79,20 @@ def _object(value, what: str) -> dict:
     return value
 
 
+def _short(value, chars: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= chars else f"{text[:chars]}..."
+
+
 def _shape(value, name: str) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) > 32 or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
         raise ProtocolError(f"input {name!r}: expected 'shape' as a list of at most 32 non-negative integers, "
-                            f"found {str(value)[:80]}")
+                            f"found {_short(value)}")
     count = math.prod(value)
-    if count > MAX_ELEMENTS:
-        raise ProtocolError(f"input {name!r}: shape {str(value)[:80]} has {count} elements: expected at most "
-                            f"{MAX_ELEMENTS}")
+    if count > MAX_ELEMENTS:  # the count itself may have more digits than str() converts
+        raise ProtocolError(f"input {name!r}: shape {_short(value)} has more than {MAX_ELEMENTS} elements: "
+                            f"expected at most {MAX_ELEMENTS}")
     return tuple(value)
 
 

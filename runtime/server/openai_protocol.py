@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from edgeattn.runtime.generation.sampling import SamplingConfig
 
-MAX_STOPS = 4  # as OpenAI
+MAX_STOPS = 4  # stop strings per request, as OpenAI (ServeSettings.max_stops)
+MAX_STOP_CHARS = 256  # characters per stop string (ServeSettings.max_stop_chars)
 
 
 class OpenAIError(Exception):
@@ -45,14 +46,32 @@ def _type_name(value) -> str:
                                          list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
+def _short(value, chars: int = 60) -> str:
+    """`value` for a message, cut to `chars` characters (a number of thousands of digits included)."""
+    text = str(value)
+    return text if len(text) <= chars else f"{text[:chars]}... ({len(text)} characters)"
+
+
 def _wrong(param: str, expected: str, value) -> OpenAIError:
-    return OpenAIError(f"{param}: expected {expected}, found {_type_name(value)} {str(value)[:60]!r}", param=param)
+    return OpenAIError(f"{param}: expected {expected}, found {_type_name(value)} {_short(value)!r}", param=param)
+
+
+def _text(value: str, param: str) -> str:
+    """`value` if it is valid Unicode: JSON's escapes can carry half a surrogate pair ("\\ud800"), which no
+    tokenizer or encoder takes."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise OpenAIError(f"{param}: expected valid Unicode text, found a lone surrogate "
+                              f"{value[exc.start]!r} at character {exc.start}", param=param) from None
+    return value
 
 
 def _integer(doc: dict, key: str, default):
-    value = doc.get(key, default)
-    if value is None or value is default:
-        return value
+    value = doc.get(key)
+    if value is None:  # absent or null: the default, as OpenAI
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise _wrong(key, "an integer", value)
     return value
@@ -62,24 +81,29 @@ def _number(doc: dict, key: str, default: float, low: float, high: float, *, ope
     value = doc.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise _wrong(key, "a number", value)
-    if value > high or value < low or (open_low and value == low):
+    if value > high or value < low or (open_low and value == low):  # exact for integers of any size
         bound = f"({low:g}, {high:g}]" if open_low else f"[{low:g}, {high:g}]"
-        raise OpenAIError(f"{key}: expected a number in {bound}, found {value}", param=key)
+        raise OpenAIError(f"{key}: expected a number in {bound}, found {_short(value)}", param=key)
     return float(value)
 
 
-def _stops(doc: dict) -> tuple[str, ...]:
+def _stops(doc: dict, max_stops: int, max_chars: int) -> tuple[str, ...]:
     value = doc.get("stop")
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise _wrong("stop", "a string or a list of strings", value)
-    if len(stops) > MAX_STOPS:
-        raise OpenAIError(f"stop: expected at most {MAX_STOPS} strings, found {len(stops)}", param="stop")
-    return tuple(s for s in stops if s)
+    if len(stops) > max_stops:
+        raise OpenAIError(f"stop: expected at most {max_stops} strings, found {len(stops)}", param="stop")
+    long = next((s for s in stops if len(s) > max_chars), None)
+    if long is not None:
+        raise OpenAIError(f"stop: expected strings of at most {max_chars} characters, found one of {len(long)}",
+                          param="stop")
+    return tuple(_text(s, "stop") for s in stops if s)
 
 
 def _boolean(doc: dict, key: str) -> bool:
@@ -100,7 +124,7 @@ def _prompt(doc: dict):
     if isinstance(value, str):
         if not value:
             raise OpenAIError("prompt: expected at least one character, found an empty string", param="prompt")
-        return value
+        return _text(value, "prompt")
     if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return value
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
@@ -111,11 +135,11 @@ def _prompt(doc: dict):
 
 def _content(message: dict, i: int) -> str:
     content = message.get("content")
-    if isinstance(content, str):
-        return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        content = "".join(p["text"] for p in content)
+    if isinstance(content, str):
+        return _text(content, f"messages[{i}].content")
     raise _wrong(f"messages[{i}].content", "a string or a list of text parts", content)
 
 
@@ -129,11 +153,12 @@ def _messages(doc: dict) -> list[dict]:
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _wrong(f"messages[{i}]", "an object with a string 'role'", m)
-        out.append({"role": m["role"], "content": _content(m, i)})
+        out.append({"role": _text(m["role"], f"messages[{i}].role"), "content": _content(m, i)})
     return out
 
 
-def parse_text_request(doc, *, chat: bool, max_tokens_limit: int) -> TextRequest:
+def parse_text_request(doc, *, chat: bool, max_tokens_limit: int, max_stops: int = MAX_STOPS,
+                       max_stop_chars: int = MAX_STOP_CHARS) -> TextRequest:
     """Validate an OpenAI completions (chat=False) or chat completions body; OpenAIError names the field."""
     if not isinstance(doc, dict):
         raise OpenAIError(f"request body: expected a JSON object, found {_type_name(doc)}")
@@ -142,10 +167,10 @@ def parse_text_request(doc, *, chat: bool, max_tokens_limit: int) -> TextRequest
         raise _wrong("model", "a string", model)
     n = _integer(doc, "n", 1)
     if n != 1:
-        raise OpenAIError(f"n: only n = 1 is supported (one choice per request), found {n}", param="n")
+        raise OpenAIError(f"n: only n = 1 is supported (one choice per request), found {_short(n)}", param="n")
     best_of = _integer(doc, "best_of", None)
     if best_of not in (None, 1):
-        raise OpenAIError(f"best_of: only 1 is supported, found {best_of}", param="best_of")
+        raise OpenAIError(f"best_of: only 1 is supported, found {_short(best_of)}", param="best_of")
     key = "max_tokens"
     if chat and doc.get("max_completion_tokens") is not None:
         key = "max_completion_tokens"
@@ -153,11 +178,11 @@ def parse_text_request(doc, *, chat: bool, max_tokens_limit: int) -> TextRequest
     if max_tokens is None:
         max_tokens = min(16 if not chat else 256, max_tokens_limit)
     if not 1 <= max_tokens <= max_tokens_limit:
-        raise OpenAIError(f"{key}: expected 1..{max_tokens_limit} (this model's limit), found {max_tokens}",
-                          param=key)
+        raise OpenAIError(f"{key}: expected 1..{max_tokens_limit} (this model's limit), "
+                          f"found {_short(max_tokens)}", param=key)
     seed = _integer(doc, "seed", None)
     if seed is not None and seed < 0:
-        raise OpenAIError(f"seed: expected an integer >= 0, found {seed}", param="seed")
+        raise OpenAIError(f"seed: expected an integer >= 0, found {_short(seed)}", param="seed")
     sampling = SamplingConfig(temperature=_number(doc, "temperature", 1.0, 0.0, 2.0),
                               top_p=_number(doc, "top_p", 1.0, 0.0, 1.0, open_low=True), seed=seed)
     stream = _boolean(doc, "stream")
@@ -168,10 +193,12 @@ def parse_text_request(doc, *, chat: bool, max_tokens_limit: int) -> TextRequest
     if include_usage and not stream:
         raise OpenAIError("stream_options: only allowed when stream is true", param="stream_options")
     prompt = _messages(doc) if chat else _prompt(doc)
-    return TextRequest(model, prompt, max_tokens, sampling, _stops(doc), stream, include_usage, chat)
+    stops = _stops(doc, max_stops, max_stop_chars)
+    return TextRequest(model, prompt, max_tokens, sampling, stops, stream, include_usage, chat)
 
 
-def parse_triton_generate(doc, model: str, *, max_tokens_limit: int, stream: bool) -> TextRequest:
+def parse_triton_generate(doc, model: str, *, max_tokens_limit: int, stream: bool, max_stops: int = MAX_STOPS,
+                          max_stop_chars: int = MAX_STOP_CHARS) -> TextRequest:
     """Triton's generate extension: {"text_input": str, "parameters": {...}} (parameters may also be given at
     the top level: max_tokens, temperature, top_p, seed, stop)."""
     if not isinstance(doc, dict):
@@ -179,13 +206,15 @@ def parse_triton_generate(doc, model: str, *, max_tokens_limit: int, stream: boo
     text = doc.get("text_input")
     if not isinstance(text, str) or not text:
         raise _wrong("text_input", "a non-empty string", text)
+    _text(text, "text_input")
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
         raise _wrong("parameters", "an object", params)
     merged = {**{k: v for k, v in doc.items() if k not in ("text_input", "parameters", "id")}, **params}
     merged.update(model=model, prompt=text, temperature=merged.get("temperature", 0.0), stream=stream)
     merged.pop("stream_options", None)
-    return parse_text_request(merged, chat=False, max_tokens_limit=max_tokens_limit)
+    return parse_text_request(merged, chat=False, max_tokens_limit=max_tokens_limit, max_stops=max_stops,
+                              max_stop_chars=max_stop_chars)
 
 
 def request_id(chat: bool) -> str:
@@ -194,7 +223,7 @@ def request_id(chat: bool) -> str:
 
 def usage(prompt_tokens: int, completion_tokens: int, evicted: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_evicted": evicted}
+            "total_tokens": prompt_tokens + completion_tokens, "evicted_prompt_tokens": evicted}
 
 
 def completion_body(req: TextRequest, rid: str, created: int, text: str, finish: str, usage_: dict,

@@ -9,7 +9,8 @@ DATATYPES = ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT
 ERRORS = {"400": "a malformed request", "401": "the admin token is missing or wrong",
           "403": "a cross-origin admin request", "404": "unknown model or version",
           "408": "the body arrived too slowly", "409": "the window is locked",
-          "413": "the body is over max_body_bytes", "415": "an admin body that is not JSON",
+          "413": "the body is over its bound (max_body_bytes, max_generate_body_bytes), decoded",
+          "415": "an admin body that is not JSON, or a Content-Encoding other than gzip, deflate or identity",
           "503": "warming up, queue full or shutting down", "429": "every slot busy and the queue full (Retry-After)"}
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
@@ -43,7 +44,8 @@ _OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error"
     "type": "object", "required": ["message", "type"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
         "code": {"type": "string", "nullable": True}}}}}
-_STOP = {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": 4, "items": {"type": "string"}}]}
+_STOP = {"anyOf": [{"type": "string", "maxLength": 256},
+                   {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 256}}]}
 
 
 def _sampling(decoders: list[str]) -> dict:
@@ -87,17 +89,20 @@ def _openai_answers(*codes: str, stream: bool = True) -> dict:
     return answers
 
 
+_GENERATION_ERRORS = ("400", "404", "408", "413", "415", "429", "503")
+
+
 def _generation_paths(decoders: list[str]) -> dict:
     decoder = {"name": "model", "in": "path", "required": True,
                "schema": {"type": "string", **({"enum": decoders} if decoders else {})}}
     generate = {"post": {"parameters": [decoder], "requestBody": _body(_generate_request()),
-                         "responses": _answers(None, "400", "404", "408", "413", "429", "503")}}
+                         "responses": _answers(None, *_GENERATION_ERRORS)}}
     return {
         "/v1/models": {"get": {"responses": _answers({"type": "object"})}},
         "/v1/completions": {"post": {"requestBody": _body(_completion_request(decoders)),
-                                     "responses": _openai_answers("400", "404", "408", "413", "429", "503")}},
+                                     "responses": _openai_answers(*_GENERATION_ERRORS)}},
         "/v1/chat/completions": {"post": {"requestBody": _body(_chat_request(decoders)),
-                                          "responses": _openai_answers("400", "404", "408", "413", "429", "503")}},
+                                          "responses": _openai_answers(*_GENERATION_ERRORS)}},
         "/v2/models/{model}/generate": generate,
         "/v2/models/{model}/generate_stream": generate,
     }
@@ -141,7 +146,7 @@ def openapi_document(version: str, models: list[str] | None = None, inputs: list
             "/v2/models/{model}/infer": {"post": {
                 "parameters": [model],
                 "requestBody": _body(_infer_request(sorted(inputs or []), sorted(outputs or []))),
-                "responses": _answers(None, "400", "404", "408", "413", "503")}},
+                "responses": _answers(None, "400", "404", "408", "413", "415", "503")}},
             "/v2/repository/index": {"post": {"responses": _answers({"type": "array"})}},
             "/v2/admin/window": {
                 "get": {"responses": _answers(_WINDOW_STATE, "401", "403")},

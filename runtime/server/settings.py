@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -23,6 +24,11 @@ class ServeSettings:
     shutdown_timeout_s: float = 30.0  # graceful shutdown: how long in-flight requests may take
     warmup_runs: int = 2  # inferences per model before it reports ready
     body_timeout_s: float = 30.0  # a request body not received within this gets 408
+    header_timeout_s: float = 30.0  # a connection without a whole request header this long after it opened
+    # (or after its last answer: an idle keep-alive connection) is closed
+    max_generate_body_bytes: int = 1 << 20  # generation routes: larger bodies (decoded) get 413
+    max_stops: int = 4  # generation: stop strings per request (OpenAI's limit); more get 400
+    max_stop_chars: int = 256  # generation: characters per stop string; longer get 400
     admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
     slots: int = 8  # decoder bundles: requests generating at once (one KV-cache row each), batched every step
     prefill_chunk: int = 16  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps;
@@ -33,15 +39,17 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: expected 0..65535, found {self.port}")
-        for name in ("max_batch", "max_queue", "max_body_bytes", "slots", "prefill_chunk"):
+        for name in ("max_batch", "max_queue", "max_body_bytes", "slots", "prefill_chunk",
+                     "max_generate_body_bytes", "max_stop_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, found {getattr(self, name)}")
-        if self.body_timeout_s <= 0:
-            raise ConfigError(f"body_timeout_s: expected > 0, found {self.body_timeout_s}")
+        for name in ("body_timeout_s", "header_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"{name}: expected a number of seconds > 0, found {getattr(self, name)}")
         for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
-        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max"):
+        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max", "max_stops"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
 
