@@ -194,11 +194,12 @@ def test_greedy_tokens_equal_hugging_face_generate(family, tokenizer, tmp_path):
     config = DecoderExportConfig(sinks=4, window_max=48)
     geometry = effective_config(model.config, config)
     path = export_decoder_model(model, tokenizer, tmp_path / f"{family}.onnx", config)
-    cap = geometry.sinks + geometry.window_max
-    bundle = build(path, BuildConfig(target="cpu", seq=(1, 1, 16), dims=(("cache", (cap, cap, cap)),)))
+    ring = 48  # the runtime's ring holds the whole context (Mistral's trained window, 16, is shorter: it holds)
+    cap = geometry.sinks + ring
+    bundle = build(path, BuildConfig(target="cpu", seq=(1, 1, 16), dims=(("cache", (16, cap, cap)),)))
     ids = tokenizer("The window shrinks as it", add_special_tokens=False).input_ids
     want = _hf_greedy(model, ids, 16)
-    with Generator.open(bundle.path) as gen:
+    with Generator.open(bundle.path, window_max=ring) as gen:
         got = gen.generate(ids, GenerationConfig(max_tokens=16, prefill_chunk=5))  # window 0: the whole ring
     want = want[:want.index(EOS)] if EOS in want else want
     assert got.tokens == want
@@ -207,6 +208,24 @@ def test_greedy_tokens_equal_hugging_face_generate(family, tokenizer, tmp_path):
     assert decoder["layer_windows"] == list(families.layer_windows(model.config))
     if any(decoder["layer_windows"]):  # min(W, trained) is computed in the graph: the fast path cannot honour it
         assert "fast_path_model" not in decoder and decoder["sinks"] == 0
+
+
+@requires_hf
+@pytest.mark.slow  # one dynamo export
+def test_the_cli_exports_a_folder_and_shows_its_stages(tokenizer, tmp_path):
+    from click.testing import CliRunner
+
+    from edgeattn.cli.main import cli
+
+    tiny_model("gemma3").save_pretrained(tmp_path / "gemma3")
+    tokenizer.save_pretrained(tmp_path / "gemma3")
+    result = CliRunner().invoke(cli, ["export", str(tmp_path / "gemma3"), "--decoder", "--out",
+                                      str(tmp_path / "g.onnx")])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()  # not a terminal: a line a stage (transformers may add its own)
+    stages = [lines.index(s) for s in ("loading", "tracing and exporting (about 17 s)", "saving")]
+    assert stages == sorted(stages)
+    assert (tmp_path / "g.onnx").is_file()
 
 
 # -- models the export cannot take: the true reason ------------------------------------------------------------

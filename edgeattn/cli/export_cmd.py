@@ -45,28 +45,33 @@ def export(model, out, exporter, opset, attention, decoder, sinks, window_max, q
 @contextmanager
 def stages(quiet: bool):
     """A `progress(stage, estimated seconds)` callback drawing each stage on stderr (rich): a spinner, the time
-    spent, the estimate; a finished stage stays as one line with its time."""
+    spent, the estimate; a finished stage stays as one line with its time. Not a terminal: one line a stage."""
     if quiet:
         yield lambda stage, seconds: None
         return
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda stage, seconds: console.print(stage + (f" (about {_duration(seconds)})" if seconds else ""),
+                                                   markup=False, highlight=False)
+        return
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("[dim]{task.fields[hint]}"))
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    with Progress(*columns, console=console) as bar:
         current = []
 
-        def progress(stage: str, seconds: float | None) -> None:
+        def finish() -> None:
             if current:
                 bar.update(current[-1], completed=1, hint="")
                 bar.stop_task(current[-1])
-            hint = f"about {_duration(seconds)}" if seconds else ""
-            current.append(bar.add_task(stage, total=1, hint=hint))
+
+        def progress(stage: str, seconds: float | None) -> None:
+            finish()
+            current.append(bar.add_task(stage, total=1, hint=f"about {_duration(seconds)}" if seconds else ""))
 
         yield progress
-        if current:
-            bar.update(current[-1], completed=1, hint="")
-            bar.stop_task(current[-1])
+        finish()
 
 
 def _duration(seconds: float) -> str:

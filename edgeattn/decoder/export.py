@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgeattn import atomic
+from edgeattn.decoder import families
 from edgeattn.errors import ConfigError, ModelError
 from edgeattn.optional import require
 
@@ -46,8 +47,6 @@ class DecoderExportConfig:
 
 
 def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str, str]:
-    from edgeattn.decoder import families
-
     c = families.text_config(model.config)
     eos = c.eos_token_id if isinstance(c.eos_token_id, list) else [c.eos_token_id]
     eos = sorted({int(e) for e in eos if e is not None} | ({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id
@@ -80,7 +79,6 @@ def export_decoder(name_or_dir: str | Path, out: str | Path, config: DecoderExpo
     """Load a packaged alias or a Hugging Face folder and write the decoder ONNX to `out`, atomically.
     `progress(stage, seconds)`: told each stage as it starts, with an estimate of its length (or None)."""
     from edgeattn import hf_models
-    from edgeattn.decoder import families
 
     progress = progress or (lambda stage, seconds: None)
     progress("loading", None)
@@ -94,8 +92,6 @@ def export_decoder(name_or_dir: str | Path, out: str | Path, config: DecoderExpo
 def effective_config(model_config, config: DecoderExportConfig) -> DecoderExportConfig:
     """The export's geometry for this model. Layers trained with a sliding window read exactly their window, so
     no sinks; when every layer has the same window (Mistral-style) the ring is that window."""
-    from edgeattn.decoder import families
-
     windows = families.layer_windows(model_config)
     if not any(windows):
         return config
@@ -103,13 +99,11 @@ def effective_config(model_config, config: DecoderExportConfig) -> DecoderExport
     return DecoderExportConfig(**{**asdict(config), "window_max": int(ring), "sinks": 0})
 
 
-SECONDS_PER_LAYER = 6.0  # tracing and exporting, measured on a 2-core host (SmolLM2-135M: 30 layers, ~3 minutes)
+SECONDS_PER_LAYER = 6.0  # tracing and exporting on a 2-core host: SmolLM2-135M (30 layers) takes about 3 minutes
 
 
 def estimate_seconds(model_config) -> float:
     """A rough length of tracing and exporting: it grows with the layer count, hardly with their width."""
-    from edgeattn.decoder import families
-
     return 5.0 + SECONDS_PER_LAYER * int(families.text_config(model_config).num_hidden_layers)
 
 
@@ -124,7 +118,7 @@ def export_decoder_model(model, tokenizer, out: str | Path,
     wrapper = CachedDecoder(model, config.sinks).eval()
     layers = len(wrapper.layers)
     b, s, cap = 2, config.example_seq, config.sinks + 32  # not 1: torch.export specialises dims of size 1
-    ids = torch.randint(0, 1000, (b, s), dtype=torch.int64)
+    ids = torch.randint(0, min(1000, int(families.text_config(model.config).vocab_size)), (b, s), dtype=torch.int64)
     past = [torch.zeros(b, wrapper.kv_heads, cap, wrapper.head_dim) for _ in range(2 * layers)]
     args = (ids, torch.zeros(b, dtype=torch.int64), torch.tensor(0, dtype=torch.int64), *past)
     names = ["input_ids", POSITION_INPUT, WINDOW_INPUT, *past_names(layers)]
