@@ -99,12 +99,13 @@ def effective_config(model_config, config: DecoderExportConfig) -> DecoderExport
     return DecoderExportConfig(**{**asdict(config), "window_max": int(ring), "sinks": 0})
 
 
-SECONDS_PER_LAYER = 6.0  # tracing and exporting on a 2-core host: SmolLM2-135M (30 layers) takes about 3 minutes
+# tracing and exporting on the 2-core development host: a 2-layer model ~40 s, SmolLM2-135M (30 layers) ~2.5 min
+SECONDS_FIXED, SECONDS_PER_LAYER = 30.0, 5.0
 
 
 def estimate_seconds(model_config) -> float:
     """A rough length of tracing and exporting: it grows with the layer count, hardly with their width."""
-    return 5.0 + SECONDS_PER_LAYER * int(families.text_config(model_config).num_hidden_layers)
+    return SECONDS_FIXED + SECONDS_PER_LAYER * int(families.text_config(model_config).num_hidden_layers)
 
 
 def export_decoder_model(model, tokenizer, out: str | Path,
