@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeattn.decoder.families import is_causal
 from edgeattn.errors import ModelError
 from edgeattn.optional import require
 
@@ -87,9 +86,21 @@ def _smollm2_checkpoint(root: Path) -> Path:
     return out
 
 
+CAUSAL_ARCHS = ("CausalLM", "LMHeadModel")
+
+
 def kind_of(config) -> str:
-    """'decoder' for causal LMs (also a multimodal model's language model, as in Gemma 3), 'encoder' otherwise."""
-    return "decoder" if is_causal(config) else "encoder"
+    """'decoder' for causal LMs (also the language model inside a multimodal one, as in Gemma 3 4B and up),
+    'encoder' otherwise."""
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if any(a in archs for a in CAUSAL_ARCHS) or getattr(config, "is_decoder", False):
+        return "decoder"
+    text = getattr(config, "text_config", None)
+    if text is not None and text is not config and getattr(text, "model_type", None):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        return "decoder" if text.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "encoder"
+    return "encoder"
 
 
 def load_config(name_or_dir: str | Path):

@@ -1,7 +1,7 @@
 """The causal LM families the decoder export takes, and why it refuses the others.
 
-Light on purpose (no torch, no transformers import): the CLI, the quantize pipeline and `hf_models` read it
-from a model's config before anything heavy loads. What each family needs in the exported graph is handled
+Light on purpose (no torch, no transformers import): the CLI and the quantize pipeline read it from a model's
+config before anything heavy loads. What each family needs in the exported graph is handled
 by `cached_llama.CachedDecoder`; this module says *whether* a config can go through it, and with which
 per-layer windows.
 
@@ -20,27 +20,20 @@ per-layer windows.
 
 from __future__ import annotations
 
+from edgeattn.hf_models import kind_of
+
 FAMILIES: dict[str, str] = {
     "llama": "Llama", "smollm3": "SmolLM3", "mistral": "Mistral", "qwen2": "Qwen 2", "qwen3": "Qwen 3",
     "gemma": "Gemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3", "phi3": "Phi-3",
 }
 LAYER_TYPES = ("full_attention", "sliding_attention")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # frequencies fixed at load time; others follow the length
-CAUSAL_ARCHS = ("CausalLM", "LMHeadModel")
 
 
 def text_config(config):
     """The language model's config: the config itself, or a multimodal model's text config (Gemma 3 4B+)."""
     sub = getattr(config, "text_config", None)
     return sub if sub is not None and getattr(sub, "model_type", None) else config
-
-
-def is_causal(config) -> bool:
-    """Whether a config describes a causal LM (also inside a multimodal model): what `--decoder` needs."""
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    if any(a in archs for a in CAUSAL_ARCHS) or getattr(config, "is_decoder", False):
-        return True
-    return text_config(config) is not config and text_config(config).model_type in FAMILIES
 
 
 def _rope_types(config) -> set[str]:
@@ -63,7 +56,7 @@ def why_not(config) -> str | None:
         return f"expected a causal LM, found an encoder-decoder model ({config.model_type})"
     if kind not in FAMILIES:
         archs = ", ".join(getattr(config, "architectures", None) or []) or kind
-        if not is_causal(config):
+        if kind_of(config) != "decoder":
             return f"expected a causal LM, found an encoder ({archs})"
         if not _has_rope(text):
             return (f"{kind}: no rotary attention (the cached op keeps keys rotated at their positions; this model "
