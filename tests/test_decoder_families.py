@@ -271,16 +271,23 @@ def test_the_cli_gives_the_reason(tmp_path):
 # -- soft-capping in the op's ONNX body and its reference --------------------------------------------------------
 
 def _session(sinks: int, softcap: float) -> ort.InferenceSession:
+    return ort.InferenceSession(_session_model(sinks, softcap).SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _session_model(sinks: int, softcap: float) -> onnx.ModelProto:
+    """One cached op on 4 query heads, 2 KV heads, head size 8."""
     f, i = TensorProto.FLOAT, TensorProto.INT64
-    ins = [helper.make_tensor_value_info(n, f, ["b", "h", "s", "d"]) for n in CACHED_INPUTS[:6]]
+    shapes = {"q": ["b", 4, "s", 8], "q_sink": ["b", 4, "s", 8], "k": ["b", 2, "s", 8], "v": ["b", 2, "s", 8],
+              "past_key": ["b", 2, "c", 8], "past_value": ["b", 2, "c", 8]}
+    ins = [helper.make_tensor_value_info(n, f, shapes[n]) for n in CACHED_INPUTS[:6]]
     ins += [helper.make_tensor_value_info("cache_position", i, ["b"]), helper.make_tensor_value_info("window", i, [])]
     node = make_cached_node(list(CACHED_INPUTS), out="out", sinks=sinks, softcap=softcap)
-    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("out", f, ["b", "h", "s", "d"])])
+    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("out", f, ["b", 4, "s", 8])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
     model.functions.append(cached_function_proto(18))
     model.ir_version = 9
     onnx.checker.check_model(model)
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return model
 
 
 @pytest.mark.parametrize("softcap", [0.0, 0.7])
@@ -303,3 +310,16 @@ def test_soft_capped_body_matches_the_reference(softcap):
             assert np.abs(plain - want).max() > 1e-2
         write_ring(pk, pv, feeds["k"], feeds["v"], feeds["cache_position"], sinks)
         n += s
+
+
+def test_soft_capped_layers_keep_the_body_where_the_plugin_and_the_cpu_lowering_would_drop_the_cap():
+    import onnx_ir as ir
+
+    from edgeattn.engines.tensorrt.attention_mapping import map_attention
+    from edgeattn.passes.cached_attention_cpu import lower_cached
+
+    for softcap, to in ((0.0, "plugin"), (0.7, "body")):
+        model = ir.serde.deserialize_model(_session_model(2, softcap))
+        assert [r["to"] for r in map_attention(model, use_plugin=True)] == [to]
+        lowered, _, kept, _ = lower_cached(ir.serde.deserialize_model(_session_model(2, softcap)))
+        assert (lowered, len(kept)) == ((1, 0) if not softcap else (0, 1))

@@ -27,6 +27,8 @@ def _cached_misfit(node: ir.Node) -> str | None:
     for value in node.inputs[6:]:
         if value is not None and value.dtype is not None and value.dtype != ir.DataType.INT64:
             return f"{value.name} is {value.dtype.name}: the plugin takes int64 positions and window"
+    if node.attributes.get_float("softcap", 0.0):
+        return "its scores are soft-capped (softcap), which the plugin does not do"
     return None
 
 
