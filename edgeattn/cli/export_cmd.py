@@ -57,7 +57,8 @@ def stages(quiet: bool):
         yield lambda stage, seconds: console.print(stage + (f" (about {_duration(seconds)})" if seconds else ""),
                                                    markup=False, highlight=False)
         return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("[dim]{task.fields[hint]}"))
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+               TextColumn("[dim]{task.fields[hint]}"))
     with Progress(*columns, console=console) as bar:
         current = []
 
