@@ -14,7 +14,7 @@ class Target:
 
     name: str
     description: str
-    backend: str  # "onnxruntime" | "tensorrt_rtx" | "tensorrt"
+    backend: str  # "onnxruntime" | "tensorrt_rtx" | "tensorrt" | "cuda" (PyTorch + Triton kernels, decoders)
     sm: tuple[int, ...] = ()  # compute capabilities, e.g. (87,); empty for CPU
     precisions: tuple[str, ...]  # fp32, fp16, bf16, int8, int4 (weight-only), fp8, fp4
     sparse_tensor_cores: bool = False  # 2:4 structured sparsity speeds up GEMMs
@@ -63,6 +63,9 @@ TARGETS: dict[str, Target] = {
         Target(name="thor", description="Jetson Thor (sm_110), JetPack 7+", backend="tensorrt", sm=(110,),
                precisions=("fp32", "fp16", "bf16", "int8", "int4", "fp8", "fp4"), sparse_tensor_cores=True,
                attention_plugin=True, min_trt="10.13", builds_on_host=False, gpu_names=("thor",)),
+        Target(name="cuda", description="PyTorch + edgeattn's Triton kernels on any NVIDIA GPU from sm_80 "
+               "(decoders: Orin sm_87, H100/H200 sm_90, Thor sm_110)", backend="cuda",
+               sm=(80, 86, 87, 89, 90, 100, 110, 120), precisions=("fp32", "fp16", "bf16")),
         Target(name="h100", description="H100 / H200 data-center GPU (sm_90)", backend="tensorrt", sm=(90,),
                precisions=("fp32", "fp16", "bf16", "int8", "int4", "fp8"), sparse_tensor_cores=True,
                attention_plugin=True, min_trt="10.0", hardware_compat="SAME_COMPUTE_CAPABILITY",

@@ -120,3 +120,25 @@ def test_a_cuda_bundle_holds_what_the_gpu_backend_loads(tiny, tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(TargetError, match="needs an NVIDIA GPU and PyTorch with CUDA"):
             open_cuda_decoder(bundle)
+
+
+def test_build_target_cuda_from_the_command_line_and_a_clear_error_without_a_gpu(tiny, tmp_path, runner):
+    import torch
+
+    from edgeattn.cli.main import cli
+    from edgeattn.errors import TargetError
+
+    model, tok = tiny
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    tok.save_pretrained(src)
+    out = tmp_path / "tiny.cuda"
+    result = runner.invoke(cli, ["build", str(src), "--target", "cuda", "--arch", "none", "--precision", "fp32",
+                                 "--window-max", "48", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "target cuda, fp32, 2 layers, ring 4 + 48 rows" in result.output
+    assert (out / "weights.safetensors").is_file() and (out / "manifest.json").is_file()
+    if not torch.cuda.is_available():
+        result = runner.invoke(cli, ["generate", str(out), "--prompt", "hi", "--max-tokens", "4"])
+        assert result.exit_code == TargetError.exit_code, result.output
+        assert "needs an NVIDIA GPU" in result.output and "Traceback" not in result.output

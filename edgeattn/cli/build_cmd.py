@@ -15,8 +15,8 @@ from edgeattn.targets import TARGETS
 @click.option("--target", default="auto", show_default=True,
               help="auto, or one of: " + ", ".join(TARGETS) + ". auto picks TensorRT when a GPU and TensorRT are present, else cpu.")
 @click.option("--out", type=click.Path(path_type=Path), help="Bundle folder [default: MODEL.edgeattn beside the model].")
-@click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16", "bf16", "fp8"]),
-              help="Float type of layers the graph does not already quantize.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "fp8"]),
+              help="Float type of layers the graph does not already quantize [default: fp32; cuda: bf16].")
 @click.option("--batch", type=RangeType(), default="1:1:8", show_default=True, help="Batch range.")
 @click.option("--seq", type=RangeType(), help="Sequence-length range [default: 1:128:512; decoders: the chunk "
               "length, 1:1:W with W the ring's size; their cache dimension always follows the ring].")
@@ -35,11 +35,17 @@ from edgeattn.targets import TARGETS
                    "contexts, slower attention at long ones).")
 @click.option("--no-fast-path", is_flag=True, help="cpu decoders: leave out the fast path (model.fast_path.onnx) "
               "that runs streams still inside their window without the ring; halves the model's memory.")
+@click.option("--window-max", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="cuda: the ring's rows per stream (the largest attention window; memory a stream takes).")
+@click.option("--sinks", type=click.IntRange(min=0), default=4, show_default=True, help="cuda: sink tokens kept.")
+@click.option("--arch", "archs", default="sm_87,sm_90,sm_110", show_default=True,
+              help="cuda: GPU architectures whose kernels are compiled ahead of time (comma list, or 'none').")
 @click.option("--as-inference", is_flag=True, help="Build a model exported in training mode as inference: Dropout "
               "removed, BatchNormalization on running statistics [default: refuse such a model].")
 def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name, attention_body,
-          cached_attention, no_fast_path, as_inference):
-    """Build a deployable bundle from MODEL (an .onnx file).
+          cached_attention, no_fast_path, window_max, sinks, archs, as_inference):
+    """Build a deployable bundle from MODEL (an .onnx file; for --target cuda, a Hugging Face decoder folder or a
+    packaged model such as smollm2).
 
     Validates the model, runs the graph passes (attention fusion and checks), builds the engine or
     optimized model for the target, checks it against the source, and writes a folder with
@@ -48,8 +54,11 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
     from rich.console import Console
 
     from edgeattn.bundle.config import BuildConfig, check_inputs
+    from edgeattn.targets import get_target
 
-    config = BuildConfig(target=target, out=out, precision=precision, batch=batch, seq=seq, dims=tuple(dims),
+    if target != "auto" and get_target(target).backend == "cuda":
+        return _build_cuda(model, out, precision or "bf16", window_max, sinks, archs, name)
+    config = BuildConfig(target=target, out=out, precision=precision or "fp32", batch=batch, seq=seq, dims=tuple(dims),
                          strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name,
                          attention_body=attention_body, cached_attention=cached_attention,
                          fast_path=not no_fast_path, as_inference=as_inference)
@@ -64,6 +73,23 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
         console.print(f"[yellow]problem:[/] {p}")
     click.echo(f"bundle {bundle.path} (target {m.target['name']}, artifact {m.artifact}); "
                + fusion_summary(m.sections.get("passes", [])))
+
+
+def _build_cuda(model, out, precision, window_max, sinks, archs, name) -> None:
+    from rich.console import Console
+
+    from edgeattn.bundle.cuda_build import CudaBuildConfig, build_cuda
+
+    chosen = () if archs.strip().lower() == "none" else tuple(a.strip() for a in archs.split(",") if a.strip())
+    config = CudaBuildConfig(out=out or Path(f"{Path(str(model)).name}.cuda.edgeattn"), precision=precision,
+                             sinks=sinks, window_max=window_max, archs=chosen, name=name)
+    console = Console(stderr=True)
+    with console.status("building") as status:
+        bundle = build_cuda(str(model), config, progress=lambda msg: (status.update(msg), console.print(f"[dim]{msg}[/]")))
+    d = bundle.manifest.sections["decoder"]
+    click.echo(f"bundle {bundle.path} (target cuda, {precision}, {d['layers']} layers, ring {sinks} + {window_max} "
+               f"rows: {d['cache_bytes_per_stream'] / 2**20:.1f} MiB a stream; kernels for "
+               f"{', '.join(chosen) or 'none'})")
 
 
 def fusion_summary(passes: list[dict]) -> str:

@@ -66,9 +66,12 @@ class CudaCache(StreamPositions):
 class CudaDecoder:
     """A Llama-family decoder on one GPU. `compile`: the decode step's torch.compile mode (decode_step)."""
 
-    def __init__(self, weights: PackedDecoder, codec=None, eos=(), *, compile: str = "layers") -> None:
+    def __init__(self, weights: PackedDecoder, codec=None, eos=(), *, compile: str = "linked",
+                 info: dict | None = None, memory_check=None) -> None:
         self.torch = require("torch", "generation on CUDA")
         self.weights = weights
+        self.info = dict(info or {})  # a bundle's decoder section (max_positions, sizes), as DecoderModel's
+        self._memory_check = memory_check  # called with a cache's stream count before it is allocated
         s = weights.shape
         self.layout = RingLayout(s.sinks, s.window_max)
         self.codec, self.eos, self.vocab_size = codec, set(int(t) for t in eos), s.vocab
@@ -96,6 +99,8 @@ class CudaDecoder:
         self._graphs.clear()
 
     def new_cache(self, streams: int = 1) -> CudaCache:
+        if self._memory_check is not None:
+            self._memory_check(streams)
         return CudaCache(self.weights, streams)
 
     def check_window(self, window: int) -> int:

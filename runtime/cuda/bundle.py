@@ -61,7 +61,7 @@ def slots_that_fit(bundle, device, fraction: float = 0.9) -> int:
     return max(int((free * fraction - int(d["weights_bytes"])) // int(d["cache_bytes_per_stream"])), 0)
 
 
-def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "layers"):
+def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "linked"):
     """A CudaDecoder over the bundle's weights on the GPU (the bundle's files are hashed and confined)."""
     torch = require("torch", "running a cuda bundle")
     require("safetensors", "running a cuda bundle")
@@ -84,5 +84,7 @@ def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = 
     weights = PackedDecoder.from_state_dict(shape, tensors, float(geometry.get("rope_scaling", 1.0)))
     generation = json.loads(bundle.file(GENERATION_FILE).read_text(encoding="utf-8"))
     codec = TextCodec.from_files(bundle.file(TOKENIZER_FILE), generation)
-    return CudaDecoder(weights, codec, generation.get("eos_token_ids", []), compile=compile if dev.type == "cuda"
-                       else "none")
+    check = (lambda streams: memory_check(bundle, streams, dev)) if dev.type == "cuda" else None
+    return CudaDecoder(weights, codec, generation.get("eos_token_ids", []),
+                       compile=compile if dev.type == "cuda" else "none",
+                       info=bundle.manifest.sections.get("decoder"), memory_check=check)

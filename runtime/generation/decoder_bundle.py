@@ -123,3 +123,19 @@ class DecoderModel:
         cache.write([outs[n] for n in self._present], list(streams))
         logits = outs["logits"]
         return logits[:, -1:] if last_only else logits
+
+
+# Backends other than ONNX Runtime / TensorRT, by the manifest's `backend`: "module:function(bundle, **options)".
+# Named as strings so this layer does not import them (a GPU backend imports this one).
+DECODER_OPENERS = {"cuda": "edgeattn.runtime.cuda.bundle:open_cuda_decoder"}
+
+
+def open_decoder(bundle, *, window_max: int | None = None, threads: int = 0):
+    """The engine's backend for a decoder bundle: DecoderModel, or the opener its manifest's backend names."""
+    opener = DECODER_OPENERS.get(bundle.manifest.backend)
+    if opener is None:
+        return DecoderModel(bundle, window_max=window_max, threads=threads)
+    import importlib
+
+    module, name = opener.split(":")
+    return getattr(importlib.import_module(module), name)(bundle, window_max=window_max)

@@ -11,7 +11,7 @@ runs for many requests at once, so both give the same tokens. Prefill runs in ch
 ring), then one token per step. A prompt longer than the cache keeps its head (the sinks, or `pin` tokens) and
 its tail; the result says how many tokens were evicted. The window may be a number or a function called before
 every step (the thermal controller's live window; a value beyond the ring is the whole ring). The model is any
-`DecoderBackend` (a bundle's `DecoderModel`, or `TorchDecoderModel` on CUDA).
+`DecoderBackend` (a bundle's `DecoderModel`, a cuda bundle's `CudaDecoder`, or `TorchDecoderModel`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.runtime.generation.backend import DecoderBackend
-from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Engine, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
 
@@ -83,7 +83,7 @@ class Generator:
     def open(cls, bundle_path, *, window_max: int | None = None, threads: int = 0) -> "Generator":
         from edgeattn.bundle.folder import open_bundle
 
-        return cls(DecoderModel(open_bundle(bundle_path), window_max=window_max, threads=threads))
+        return cls(open_decoder(open_bundle(bundle_path), window_max=window_max, threads=threads))
 
     def __enter__(self) -> "Generator":
         self.model.activate()

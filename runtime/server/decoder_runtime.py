@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
-from edgeattn.runtime.generation.decoder_bundle import DecoderModel
+from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Event, Job, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
 from edgeattn.runtime.live_window import LiveWindow
@@ -59,7 +59,7 @@ class DecoderRuntime:
         if settings.window_max > ring:
             raise ConfigError(f"window_max: expected at most {name!r}'s ring of {ring} rows, found "
                               f"{settings.window_max}")
-        self.model = DecoderModel(bundle, window_max=settings.window_max or None, threads=settings.threads)
+        self.model = open_decoder(bundle, window_max=settings.window_max or None, threads=settings.threads)
         self.live_window, self.metrics = window, metrics
         self.ready = False
         self.created = int(time.time())
