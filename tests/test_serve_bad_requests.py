@@ -7,7 +7,6 @@ import http.client as http_client
 import json
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -97,32 +96,35 @@ def test_a_slow_body_is_cut_off(server):
     assert answer.startswith(b"HTTP/1.1 408"), answer[:100]
 
 
-def _gaps_while(fn, url: str) -> tuple[float, object]:
-    """Run fn() while polling /v2/health/live; the longest wait for a health answer."""
-    gaps, done = [], threading.Event()
+def _answers_while(fn, url: str) -> tuple[int, object]:
+    """Run fn() while polling /v2/health/live; how many health answers arrived while fn() was running. An event
+    loop blocked by fn's request answers at most one or two (before and after it); a free one answers many."""
+    answers, running, done = [0], threading.Event(), threading.Event()
 
     def poll() -> None:
         while not done.is_set():
-            t0 = time.perf_counter()
-            http(url, "GET", "/v2/health/live", timeout=60)
-            gaps.append(time.perf_counter() - t0)
+            http(url, "GET", "/v2/health/live", timeout=120)
+            if running.is_set():
+                answers[0] += 1
 
     poller = threading.Thread(target=poll)
     poller.start()
     try:
+        running.set()
         result = fn()
+        running.clear()
     finally:
         done.set()
         poller.join()
-    return max(gaps), result
+    return answers[0], result
 
 
 def test_large_json_does_not_stall_other_endpoints(server):
     n = 2_000_000  # about 14 MB of JSON: several seconds of parsing
     body = _raw("[" + ", ".join(["7"] * n) + "]", shape=f"[1, {n}]", mask="[" + ", ".join(["1"] * n) + "]")
-    worst, (status, doc, _) = _gaps_while(lambda: http(server, "POST", INFER, body, JSON, timeout=120), server)
+    answered, (status, doc, _) = _answers_while(lambda: http(server, "POST", INFER, body, JSON, timeout=120), server)
     assert status == 400 and "expected 1..32" in doc["error"], doc
-    assert worst < 0.5, f"health waited {worst:.2f} s while a large JSON body was parsed"
+    assert answered >= 5, f"only {answered} health answers while a large JSON body was parsed"
 
 
 def test_large_json_response_does_not_stall_other_endpoints(tmp_path):
@@ -143,9 +145,9 @@ def test_large_json_response_does_not_stall_other_endpoints(tmp_path):
 
     with BackgroundServer(app) as url:
         wait_ready_http(url)
-        worst, (status, raw) = _gaps_while(raw_infer, url)
+        answered, (status, raw) = _answers_while(raw_infer, url)
     assert status == 200 and len(json.loads(raw)["outputs"][0]["data"]) == 8 * 512 * 512
-    assert worst < 0.5, f"health waited {worst:.2f} s while a large JSON response was encoded"
+    assert answered >= 5, f"only {answered} health answers while a large JSON response was encoded"
 
 
 def test_a_flood_of_failing_requests_costs_at_most_one_extra_run_each(bundle):
