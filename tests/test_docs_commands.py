@@ -158,6 +158,10 @@ CASES: dict[tuple[str, str], Case] = {
                            '--raw'): Case("slow", smollm2=True, subs=(("--prompt", "--max-tokens 24 --prompt"),)),
     ("docs/generation.md", "edgeattn generate smollm2.edgeattn --chat chat.json --max-tokens 64 --stream"): Case(
         "slow", smollm2=True, setup=CHAT),
+    ("docs/generation.md", "edgeattn build smollm2 --target cuda --out smollm2.cuda"): Case(
+        "slow", expect="target cuda"),
+    ("docs/generation.md", 'edgeattn generate smollm2.cuda --prompt "Explain what a heat sink does"'): skip(GPU),
+    ("docs/generation.md", "edgeattn serve smollm2.cuda --slots 256"): skip(GPU),
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_cpu.py prepare"): skip(BENCH),
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_cpu.py parity"): skip(BENCH),
     ("docs/generation.md", "bash scripts/bench_env.sh"): skip(
