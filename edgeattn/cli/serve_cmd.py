@@ -26,7 +26,8 @@ def _controller_factory(spec: str):
 @click.option("--max-batch", type=int, help="Rows per batch, capped by the bundle's range; 1 turns batching off "
               "[default: 8].")
 @click.option("--max-queue-delay-ms", type=float, help="How long a batch waits to fill [default: 2].")
-@click.option("--max-queue", type=int, help="Queued requests per model before 503 [default: 256].")
+@click.option("--max-queue", type=int, help="Queued requests per model before refusals (KServe routes: 503; "
+              "generation routes: 429) [default: 256].")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads [default: its own].")
 @click.option("--window", type=int, help="Initial attention window, 0 = full [default: 0].")
 @click.option("--controller", "controller_spec", metavar="MODULE:FACTORY",
