@@ -19,7 +19,7 @@ def params(configs):
     return p
 
 
-def test_uniforms_are_uniform_and_depend_on_seed_and_count():
+def test_uniforms_are_uniform_and_depend_on_seed_and_position():
     u = uniforms(torch.tensor([1, 1, 2]), torch.tensor([0, 1, 0]), 50_000)
     assert 0.0 < float(u.min()) and float(u.max()) < 1.0
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.std()) - (1 / 12) ** 0.5) < 0.01
@@ -29,7 +29,8 @@ def test_uniforms_are_uniform_and_depend_on_seed_and_count():
 
 def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     logits = torch.randn(3, 100)
-    ids = sample(logits, params([SamplingConfig(), SamplingConfig(temperature=1.0, seed=3), SamplingConfig()]))
+    ids = sample(logits, params([SamplingConfig(), SamplingConfig(temperature=1.0, seed=3), SamplingConfig()]),
+                 torch.tensor([5, 5, 9]))
     assert ids[0] == logits[0].argmax() and ids[2] == logits[2].argmax()
 
 
@@ -53,7 +54,7 @@ def test_draws_stay_inside_the_kept_set_and_follow_softmax(top_k, top_p):
     config = SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p, seed=11)
     p = params([config] * n)
     p.seeds.copy_(torch.arange(n))  # n independent streams, one draw each
-    ids = sample(logits.expand(n, 40), p).numpy()
+    ids = sample(logits.expand(n, 40), p, torch.zeros(n, dtype=torch.int64)).numpy()
     kept = kept_set(logits[0].numpy(), top_k, top_p, 0.7)
     assert set(ids.tolist()) <= kept
     x = logits[0].double().numpy() / 0.7
@@ -72,8 +73,10 @@ def test_a_stream_draws_the_same_tokens_whatever_runs_beside_it():
     c = SamplingConfig(temperature=1.0, top_p=0.9, seed=7)
     alone = params([c])
     together = params([SamplingConfig(temperature=1.0, seed=1), c, SamplingConfig(), c])
-    for _ in range(5):
-        a = sample(logits[1:2], alone)
-        t = sample(logits, together)
+    draws = []
+    for position in range(20, 25):  # the same stream at the same positions, alone and in a batch of 4
+        a = sample(logits[1:2], alone, torch.tensor([position]))
+        t = sample(logits, together, torch.tensor([3, position, 7, position]))
         assert int(a[0]) == int(t[1]) == int(t[3])
-    assert int(alone.drawn[0]) == 5
+        draws.append(int(a[0]))
+    assert len(set(draws)) > 1  # a new position, a new draw

@@ -37,6 +37,7 @@ class CudaCache(StreamPositions):
         self.positions = np.zeros(streams, dtype=np.int64)
         self.sampling = DeviceSampling.for_streams(streams, weights.device)
         self.seeds = np.array([self._fresh_seed() for _ in range(streams)], dtype=np.int64)
+        self.settings: dict[int, tuple] = {}  # row -> the sampling settings last written to the device
 
     @staticmethod
     def _fresh_seed() -> int:
@@ -48,19 +49,32 @@ class CudaCache(StreamPositions):
 
     def reset(self, stream: int) -> None:
         super().reset(stream)
-        self.sampling.drawn[stream] = 0
         self.seeds[stream] = self._fresh_seed()
+        self.settings.pop(stream, None)
 
     def move(self, src: int, dst: int) -> None:
         super().move(src, dst)
-        self.sampling.drawn[dst] = self.sampling.drawn[src]
+        p = self.sampling
+        for t in p.tensors:
+            t[dst] = t[src]
         self.seeds[dst] = self.seeds[src]
+        if src in self.settings:
+            self.settings[dst] = self.settings[src]
+        else:
+            self.settings.pop(dst, None)
         self.reset(src)
 
     def swap(self, a: int, b: int) -> None:
         super().swap(a, b)
-        self.sampling.drawn[[a, b]] = self.sampling.drawn[[b, a]]
+        p = self.sampling
+        for t in p.tensors:
+            t[[a, b]] = t[[b, a]]
         self.seeds[[a, b]] = self.seeds[[b, a]]
+        sa, sb = self.settings.pop(a, None), self.settings.pop(b, None)
+        if sa is not None:
+            self.settings[b] = sa
+        if sb is not None:
+            self.settings[a] = sb
 
 
 class CudaDecoder:
@@ -77,6 +91,8 @@ class CudaDecoder:
         self.codec, self.eos, self.vocab_size = codec, set(int(t) for t in eos), s.vocab
         self.compile = compile
         self._graphs: dict = {}
+        dev = weights.device
+        self._sms = self.torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
         self.backend = self  # the engine checks `backend is None` before activating
 
     @classmethod
@@ -127,11 +143,14 @@ class CudaDecoder:
         ids, window = self._check(cache, streams, ids, window)
         if len(sampling) != len(streams):
             raise InputError(f"sampling: expected one setting per stream ({len(streams)}), found {len(sampling)}")
-        self._set_sampling(cache, streams, sampling)
-        if self._is_decode(streams, ids):
-            chosen = self._decode(cache, len(streams), ids[:, 0], window, cache.sampling)
+        greedy = all(c.greedy for c in sampling)
+        if not greedy:
+            self._set_sampling(cache, streams, sampling)
+        if self._is_decode(streams, ids):  # an all-greedy batch takes the argmax graph (no sort of the vocabulary)
+            chosen = self._decode(cache, len(streams), ids[:, 0], window, "greedy" if greedy else cache.sampling)
         else:
-            chosen = self.torch.cat([sample(self._prefill(cache, r, ids[i], window, True), _rows(cache.sampling, r))
+            chosen = self.torch.cat([self._choose(self._prefill(cache, r, ids[i], window, True), cache, r,
+                                                  sampling[i], int(cache.positions[r]) + ids.shape[1])
                                      for i, r in enumerate(streams)])
         self._advance(cache, streams, ids.shape[1])
         return chosen.cpu().numpy()
@@ -146,7 +165,7 @@ class CudaDecoder:
             raise InputError(f"a chunk of {ids.shape[1]} tokens: expected at most the ring's {self.layout.window_max}")
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
-        return self.torch.as_tensor(ids, device=self.weights.device), self.check_window(window)
+        return ids, self.check_window(window)
 
     @staticmethod
     def _is_decode(streams, ids) -> bool:
@@ -157,9 +176,18 @@ class CudaDecoder:
         cache.positions[np.asarray(streams)] += n
 
     def _set_sampling(self, cache: CudaCache, streams, sampling) -> None:
-        rows = np.asarray(streams)
+        """Each row's settings on the device; rows whose settings did not change since the last call are left."""
+        seeds = [c.seed if c.seed is not None else int(cache.seeds[r]) for c, r in zip(sampling, streams)]
+        wanted = [(c.temperature, c.top_p, c.top_k, sd) for c, sd in zip(sampling, seeds)]
+        changed = [i for i, (r, w) in enumerate(zip(streams, wanted)) if cache.settings.get(r) != w]
+        if not changed:
+            return
+        for i in changed:
+            cache.settings[streams[i]] = wanted[i]
+        rows = np.asarray(streams)[changed]
+        sampling = [sampling[i] for i in changed]
+        seeds = [seeds[i] for i in changed]
         p, torch = cache.sampling, self.torch
-        seeds = [c.seed if c.seed is not None else int(cache.seeds[r]) for c, r in zip(sampling, rows)]
         values = torch.tensor([[float(c.temperature), float(c.top_p)] for c in sampling])
         ints = torch.tensor([[int(c.top_k), int(sd) & ((1 << 62) - 1)] for c, sd in zip(sampling, seeds)])
         index = torch.as_tensor(rows, device=p.seeds.device)
@@ -167,7 +195,15 @@ class CudaDecoder:
         p.temperature[index], p.top_p[index] = values[:, 0], values[:, 1]
         p.top_k[index], p.seeds[index] = ints[:, 0], ints[:, 1]
 
+    def _choose(self, logits, cache: CudaCache, row: int, config, position: int):
+        """The next token after a prefill chunk: the argmax, or a draw at `position` with the row's settings."""
+        if config.greedy:
+            return logits.argmax(dim=-1)
+        counters = self.torch.tensor([position], device=logits.device)
+        return sample(logits, cache.sampling.rows(row, row + 1), counters)
+
     def _prefill(self, cache, row: int, ids, window: int, last_only: bool):
+        ids = self.torch.as_tensor(ids, device=self.weights.device)
         with self.torch.no_grad():
             return prefill_logits(self.weights, ids, int(cache.positions[row]), window, cache.keys, cache.values,
                                   row, last_only=last_only)
@@ -181,24 +217,20 @@ class CudaDecoder:
         longest = int(cache.positions[:n].max()) + 1
         keys = min(live, max(longest - s.sinks, 1))
         keys = min(1 << (keys - 1).bit_length(), live)  # a few split counts as streams grow
-        sms = torch.cuda.get_device_properties(self.weights.device).multi_processor_count \
-            if self.weights.device.type == "cuda" else 4
-        splits = cached_decode_splits(bucket * s.kv_heads, s.sinks, keys, sms)
-        key = (id(cache), bucket, splits, sampling is not None)
+        splits = cached_decode_splits(bucket * s.kv_heads, s.sinks, keys, self._sms)
+        kind = "logits" if sampling is None else "greedy" if isinstance(sampling, str) else "sampled"
+        key = (id(cache), bucket, splits, kind)
         graph = self._graphs.get(key)
         if graph is None:
             graph = DecodeGraph(self.weights, cache.keys, cache.values, batch=bucket, splits=splits,
                                 compile=self.compile if self.weights.device.type == "cuda" else "none",
-                                greedy=False, sampling=sampling.rows(bucket) if sampling is not None else None)
+                                greedy=kind == "greedy",
+                                sampling=sampling.rows(0, bucket) if kind == "sampled" else None)
             self._graphs[key] = graph
-        padded = torch.zeros(bucket, dtype=torch.int64, device=ids.device)
-        padded[:n] = ids
-        positions = torch.as_tensor(cache.positions[:bucket], device=ids.device)
+        inputs = np.zeros((2, bucket), dtype=np.int64)  # ids (padded) and positions: one copy to the device
+        inputs[0, :n] = ids
+        inputs[1] = cache.positions[:bucket]
+        inputs = torch.from_numpy(inputs).to(self.weights.device, non_blocking=True)
         with torch.no_grad():
-            out = graph(padded, positions, window, active=n)
+            out = graph(inputs[0], inputs[1], window)
         return out[:n]
-
-
-def _rows(params: DeviceSampling, row: int) -> DeviceSampling:
-    return DeviceSampling(*(t[row:row + 1] for t in (params.temperature, params.top_k, params.top_p, params.seeds,
-                                                      params.drawn)))

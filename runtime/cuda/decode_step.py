@@ -253,13 +253,12 @@ class DecodeGraph:
         self.ids = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.window = torch.zeros((), dtype=torch.int64, device=dev)
-        self.active = torch.ones(batch, dtype=torch.int64, device=dev)  # rows whose draws count (the rest pad)
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
         fn = decode_greedy if greedy else decode_logits
         self.sampling = sampling  # DeviceSampling for `batch` rows: the graph samples (greedy rows included)
         if sampling is not None:
-            fn = _sampled(sampling, self.active)
+            fn = _sampled(sampling)
         self._pieces = {}
         if compile == "whole":
             fn = torch.compile(fn, fullgraph=True, dynamic=False)
@@ -280,7 +279,6 @@ class DecodeGraph:
     def capture(self) -> None:
         """Warm up on a side stream (compiles; writes the rows of the current inputs), then record."""
         torch = self.torch
-        drawn = self.sampling.drawn.clone() if self.sampling is not None else None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream):
@@ -290,21 +288,17 @@ class DecodeGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(self.graph):
             self.out = self._run()
-        if drawn is not None:  # the warm-up runs drew: they do not count
-            self.sampling.drawn.copy_(drawn)
 
-    def __call__(self, ids, positions, window, *, active: int | None = None):
-        """ids, positions: [batch] int64 tensors (any device); window: int or [] tensor; active: the first rows
-        that are real streams (default all) -> token ids [batch] (or logits [batch, V]) on the device.
-        Off CUDA (tests) the step runs eagerly, with no graph."""
+
+    def __call__(self, ids, positions, window):
+        """ids, positions: [batch] int64 tensors (any device); window: int or [] tensor -> token ids [batch] (or
+        logits [batch, V]) on the device. Off CUDA (tests) the step runs eagerly, with no graph."""
         self.ids.copy_(ids, non_blocking=True)
         self.positions.copy_(positions, non_blocking=True)
         if isinstance(window, int):
             self.window.fill_(window)
         else:
             self.window.copy_(window, non_blocking=True)
-        self.active.fill_(0)
-        self.active[:self.batch if active is None else active] = 1
         if self.ids.device.type != "cuda":
             with self.torch.no_grad():
                 return self._run()
@@ -325,14 +319,12 @@ def _linked(fn):
     return step
 
 
-def _sampled(params, active):
+def _sampled(params):
     from edgeattn.runtime.cuda.sampling import sample
 
     def step(w, ids, positions, window, keys, values, splits=0, *, _logits=None, **pieces):
         logits = (_logits or decode_logits)(w, ids, positions, window, keys, values, splits, **pieces)
-        ids = sample(logits, params, advance=False)
-        params.drawn.add_(active)
-        return ids
+        return sample(logits, params, positions + 1)  # the token drawn here takes position t + 1
 
     return step
 
