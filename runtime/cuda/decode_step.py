@@ -335,5 +335,5 @@ _COMPILED: dict = {}
 def _compiled(torch, fn):
     """One torch.compile wrapper per piece for the process (its compilations are shared by every graph)."""
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=False)
+        _COMPILED[fn] = torch.compile(fn, fullgraph=True)  # a second batch size makes the batch dim dynamic
     return _COMPILED[fn]
