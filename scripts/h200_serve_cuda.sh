@@ -23,6 +23,6 @@ PY
 cd /tmp
 timeout 180 python3 -m edgeattn.cli.main build /tmp/smol_random --target cuda --arch sm_90 --out /tmp/smol.cuda 2>&1 | tail -3
 timeout 120 python3 -m edgeattn.cli.main generate /tmp/smol.cuda --prompt "Explain what a heat sink does" --max-tokens 16 2>&1 | tail -3
-cd - >/dev/null
-timeout ${SERVE_S:-330} python3 benchmarks/serve_generate.py --bundle /tmp/smol.cuda --streams "$STREAMS" --slots "$STREAMS" \
-  --requests "$STREAMS" --short-tokens 16 --skip batching --skip steps 2>&1 | tee "$OUT/serve_cuda.log" | tail -5
+# from /tmp: the server child runs `python -m edgeattn...`, which in the repository would find its edgeattn/ first
+timeout ${SERVE_S:-330} python3 "$OLDPWD/benchmarks/serve_generate.py" --bundle /tmp/smol.cuda --streams "$STREAMS" \
+  --slots "$STREAMS" --requests "$STREAMS" --short-tokens 16 --skip batching --skip steps 2>&1 | tee "$OUT/serve_cuda.log" | tail -5
