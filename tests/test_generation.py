@@ -279,3 +279,15 @@ def test_a_trained_sliding_window_is_kept(tmp_path):
         cache = gen.model.new_cache(1)
         got = [gen.model.step(cache, [0], np.array([ids[a:b]]), 0)[0] for a, b in ((0, 10), (10, 26), (26, 40))]
     assert np.abs(np.concatenate(got) - want).max() < 1e-3
+
+
+def test_every_backend_checks_the_window_through_the_ring_layout():
+    """One rule for a window a caller asks for (attention/ring.py), whichever backend is asked."""
+    from edgeattn.attention.ring import RingLayout
+    from edgeattn.errors import ConfigError
+
+    layout = RingLayout(4, 16)
+    assert layout.check_window(0) == 0 and layout.check_window(np.int64(16)) == 16
+    for bad in (-1, 17, True, 2.0, "8"):
+        with pytest.raises(ConfigError, match="window: expected"):
+            layout.check_window(bad)

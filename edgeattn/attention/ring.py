@@ -38,6 +38,15 @@ class RingLayout:
         """Rows per layer: C = sinks + window_max."""
         return self.sinks + self.window_max
 
+    def check_window(self, window) -> int:
+        """A window a caller asks for, as an int: 0 (the whole ring) to window_max, else ConfigError."""
+        if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+            raise ConfigError(f"window: expected an integer, found {window!r}")
+        if not 0 <= int(window) <= self.window_max:
+            raise ConfigError(f"window: expected 0 (the whole ring) to {self.window_max} (the ring's size), "
+                              f"found {int(window)}")
+        return int(window)
+
     def live_window(self, window: int) -> int:
         """The window the op uses: 0 (or anything above window_max) means window_max."""
         window = int(window)

@@ -120,11 +120,7 @@ class CudaDecoder:
         return CudaCache(self.weights, streams)
 
     def check_window(self, window: int) -> int:
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-            raise ConfigError(f"window: expected an integer, found {window!r}")
-        if not 0 <= int(window) <= self.layout.window_max:
-            raise ConfigError(f"window: expected 0 (the whole ring) to {self.layout.window_max}, found {int(window)}")
-        return int(window)
+        return self.layout.check_window(window)
 
     # --- steps -----------------------------------------------------------------------------------------------
     def step(self, cache: CudaCache, streams: list[int], ids, window: int, *, last_only: bool = False) -> np.ndarray:

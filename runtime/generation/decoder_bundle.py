@@ -73,12 +73,7 @@ class DecoderModel:
                        layout=self.layout, streams=streams)
 
     def check_window(self, window: int) -> int:
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-            raise ConfigError(f"window: expected an integer, found {window!r}")
-        if not 0 <= int(window) <= self.layout.window_max:
-            raise ConfigError(f"window: expected 0 (the whole ring) to {self.layout.window_max} (the ring's size), "
-                              f"found {int(window)}")
-        return int(window)
+        return self.layout.check_window(window)
 
     def check_cache(self, cache: KVCache) -> None:
         want = (int(self.info["kv_heads"]), self.layout.capacity, int(self.info["head_dim"]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeattn.attention.ring import RingLayout
-from edgeattn.errors import ConfigError, InputError
+from edgeattn.errors import InputError
 from edgeattn.runtime.generation.cache import StreamPositions
 from edgeattn.optional import require
 
@@ -69,11 +69,7 @@ class TorchDecoderModel:
                             layout=self.layout, streams=streams, dtype=self.dtype, device=self.device)
 
     def check_window(self, window: int) -> int:
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-            raise ConfigError(f"window: expected an integer, found {window!r}")
-        if not 0 <= int(window) <= self.layout.window_max:
-            raise ConfigError(f"window: expected 0 (the whole ring) to {self.layout.window_max}, found {int(window)}")
-        return int(window)
+        return self.layout.check_window(window)
 
     def step(self, cache: TorchKVCache, streams: list[int], ids, window: int, *, last_only: bool = False) -> np.ndarray:
         """ids: [len(streams), S] -> logits [len(streams), S, V] (float32, host; [.., 1, V] with `last_only`);
