@@ -2,7 +2,7 @@
 64, context 8,192 (and 1,024 at batch 1), windows full / 1024 / 256, per compile mode; Hugging Face `generate`
 with a static cache and the earlier TorchDecoderModel in the same run (generation_h200.decode_speed).
 
-    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,whole] [--smoke] [--no-peers]
+    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole] [--parts ...] [--smoke]
 
 SmolLM2-135M's shape with random weights (speed does not depend on them). Times are CUDA-event medians of graph
 replays (GPU time a step) and, separately, the host's wall time a step including the input copies.
@@ -220,8 +220,8 @@ def prefill_ttft(device, smoke):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_step_h200.json"))
-    ap.add_argument("--modes", default="none,layers,whole")
-    ap.add_argument("--parts", default="correctness,parity,speed,peers")
+    ap.add_argument("--modes", default="none,layers,linked")
+    ap.add_argument("--parts", default="correctness,speed,backend,prefill,parity,peers")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64
