@@ -181,7 +181,8 @@ def tokenizer():
 
 @requires_hf
 @pytest.mark.slow  # the dynamo export of even a 2-layer model takes 30-90 s on the 2-core machine
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f if f in ("qwen3", "gemma3") else pytest.param(f, marks=pytest.mark.long)
+                                    for f in FAMILIES])  # two in the default run, every family with -m long
 def test_greedy_tokens_equal_hugging_face_generate(family, tokenizer, tmp_path):
     """The exported decoder, built for cpu (with its fast path where it applies) and run by the generation API,
     gives Hugging Face's greedy tokens; the prompt and the new tokens (37) run past the local windows."""

@@ -12,7 +12,8 @@ Every such command must have an entry in CASES, keyed by (doc file, command as w
   entry's substitutions applied (doc text -> what runs). The substitutions are the whole
   difference between the doc and the test: they swap the packaged model for a tiny one, or cut a training
   run's step count; each says so.
-- "slow": the same with the packaged models (MiniLM, SmolLM2), under `@pytest.mark.slow`.
+- "slow": the same with the packaged models (MiniLM, SmolLM2), under `@pytest.mark.slow` and `long` (minutes each:
+  left out of the default run, `pytest -m long tests/test_docs_commands.py` runs them).
 - "skip": listed with the reason it cannot run here (a GPU, TensorRT, a benchmark of minutes to hours, a
   server of another product).
 - `server=True`: the command starts a server; the test waits until it answers, runs the entry's `client`
@@ -451,6 +452,7 @@ def smollm2(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # about an hour on 2 cores: `pytest -m long tests/test_docs_commands.py`
 @pytest.mark.parametrize("doc, command, case", _params("slow"))
 def test_documented_command_runs_on_packaged_models(doc, command, case, request, tmp_path):
     if case.smollm2:

@@ -199,6 +199,7 @@ def test_windowed_encoder_repository_batches_and_follows_each_request_window(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.long  # ~3 minutes: the quick start's export and build, then the real server
 @requires_torch
 @requires_minilm
 def test_minilm_quick_start_repository_answers_like_onnx_runtime(tmp_path, serve, runner):
