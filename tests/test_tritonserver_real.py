@@ -14,6 +14,7 @@ import ctypes.util
 import json
 import sys
 import sysconfig
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -156,6 +157,18 @@ def _windowed_requests(seed: int, rows: tuple[int, ...], seq: int = 12) -> list[
     return requests
 
 
+def _settled_stats(client, model: str, tries: int = 50) -> dict:
+    """The model's statistics once two reads 0.1 s apart agree (the server counts a request after answering)."""
+    last = client.get_inference_statistics(model)["model_stats"][0]
+    for _ in range(tries):
+        time.sleep(0.1)
+        now = client.get_inference_statistics(model)["model_stats"][0]
+        if now["inference_count"] == last["inference_count"] and now["execution_count"] == last["execution_count"]:
+            return now
+        last = now
+    return last
+
+
 def test_windowed_encoder_repository_batches_and_follows_each_request_window(tmp_path, serve):
     httpclient = pytest.importorskip("tritonclient.http")
     path = tmp_path / "attn.onnx"
@@ -183,12 +196,12 @@ def test_windowed_encoder_repository_batches_and_follows_each_request_window(tmp
                for feeds, window in zip(requests, windows)]
     for result, want in zip(pending, expected):
         np.testing.assert_allclose(result.get_result().as_numpy("y"), want, rtol=0, atol=1e-5)
-    before = client.get_inference_statistics("attn")["model_stats"][0]
+    before = _settled_stats(client, "attn")  # the batch above may still be counted after its responses
     same = _windowed_requests(1, rows=(1, 1, 1, 1))  # one window, one shape: one batch of the preferred size
     pending = [client.async_infer("attn", _infer_inputs(httpclient, feeds, 2)) for feeds in same]
     for result, feeds in zip(pending, same):
         np.testing.assert_allclose(result.get_result().as_numpy("y"), _direct(bundle, feeds, 2)["y"], rtol=0, atol=1e-5)
-    after = client.get_inference_statistics("attn")["model_stats"][0]
+    after = _settled_stats(client, "attn")
     assert after["inference_count"] - before["inference_count"] == 4
     assert after["execution_count"] - before["execution_count"] < 4  # batched, not one by one
     window = httpclient.InferInput("attention_window", [2, 1], "INT64")  # two rows, two windows: refused
