@@ -53,14 +53,6 @@ def memory_check(bundle, streams: int, device) -> None:
                           f"MiB a slot), found {free / 2**30:.2f} GiB free on the GPU: at most {fit} slots fit")
 
 
-def slots_that_fit(bundle, device, fraction: float = 0.9) -> int:
-    """How many slots the GPU memory left after the weights holds (a `fraction` of what is free)."""
-    torch = require("torch", "running a cuda bundle")
-    d = bundle.manifest.sections["decoder"]
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(int((free * fraction - int(d["weights_bytes"])) // int(d["cache_bytes_per_stream"])), 0)
-
-
 def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "linked"):
     """A CudaDecoder over the bundle's weights on the GPU (the bundle's files are hashed and confined)."""
     torch = require("torch", "running a cuda bundle")
