@@ -27,11 +27,7 @@ def _is_integer(value) -> bool:
 
 def check_page(layout: RingLayout, page: int) -> int:
     """A page size that cuts the ring into whole pages, as an int, else ConfigError."""
-    if not _is_integer(page) or int(page) < 1:
-        raise ConfigError(f"page: expected a positive integer, found {page!r}")
-    if layout.window_max % int(page):
-        raise ConfigError(f"page: expected a divisor of the ring's size {layout.window_max}, found {int(page)}")
-    return int(page)
+    return layout.check_page(page)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The oracle for edgeattn::CachedWindowedAttention, the cached form of the op (docs/windowed-attention.md).
 
 Plain and slow on purpose: per batch row it lists the keys a query may read by their stream positions
-(`RingLayout.row_positions`), so it shares no index arithmetic with the ONNX body it checks.
+(`RingLayout.row_positions`), so it shares no index arithmetic with the ONNX body it checks. With an attention
+budget (pages > 0) it scores every candidate page of every query and KV head one by one, as the spec reads.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from edgeattn.attention.ring import RingLayout
 
 
 def cached_attention_np(q, q_sink, k, v, past_key, past_value, cache_position, window: int, *, sinks: int,
-                        scale: float = 0.0, softcap: float = 0.0) -> np.ndarray:
+                        scale: float = 0.0, softcap: float = 0.0, pages: int = 0, page: int = 16,
+                        key_bounds=None) -> np.ndarray:
     """float64. q, q_sink: [B, H, S, D] (rotated at t and at min(t, sinks + W)); k, v: [B, H_kv, S, D] (the new
     tokens, rotated at t); past_key/value: [B, H_kv, C, D]; cache_position: [B] tokens already in each stream.
     -> [B, H, S, D]. softcap c > 0: each score s is c * tanh(s / c). The new tokens' rows are not written here:
-    that is the runtime's ring write."""
+    that is the runtime's ring write.
+
+    pages k > 0 (docs/windowed-attention.md, "The attention budget"): each query also reads, per KV head, the
+    k candidate pages of `page` ring rows whose key bounds score highest; key_bounds [B, H_kv, P, 2, D]
+    (None: `page_bounds_np` of the cache). k = 0 is the window alone."""
     q, q_sink, k, v, pk, pv = (np.asarray(t, dtype=np.float64) for t in (q, q_sink, k, v, past_key, past_value))
     b, h, s, d = q.shape
     h_kv, c = pk.shape[1], pk.shape[2]
@@ -24,13 +30,15 @@ def cached_attention_np(q, q_sink, k, v, past_key, past_value, cache_position, w
     w = layout.live_window(window)
     scale = scale or 1.0 / np.sqrt(d)
     group = h // h_kv
+    if pages and key_bounds is None:
+        key_bounds = page_bounds_np(past_key, cache_position, sinks, page)
     out = np.zeros_like(q)
     for bi in range(b):
         n = int(np.asarray(cache_position).reshape(-1)[bi])
         rows = layout.row_positions(n)
         for i in range(s):
             t = n + i
-            keys = []  # (query, key vector index source, position)
+            keys = []  # (query kind, key source, index)
             for row, p in enumerate(rows):
                 if p < 0:
                     continue
@@ -41,20 +49,60 @@ def cached_attention_np(q, q_sink, k, v, past_key, past_value, cache_position, w
             for j in range(i + 1):
                 if i - j < w or n + j < sinks:
                     keys.append(("window", "new", j))
-            for head in range(h):
-                kv = head // group
-                scores, values = [], []
-                for kind, src, idx in keys:
-                    query = q_sink[bi, head, i] if kind == "sink" else q[bi, head, i]
-                    key = pk[bi, kv, idx] if src == "past" else k[bi, kv, idx]
-                    val = pv[bi, kv, idx] if src == "past" else v[bi, kv, idx]
-                    scores.append(query @ key * scale)
-                    values.append(val)
-                sc = np.array(scores)
-                if softcap:
-                    sc = softcap * np.tanh(sc / softcap)
-                wts = np.exp(sc - sc.max())
-                out[bi, head, i] = (wts / wts.sum()) @ np.array(values)
+            for kv in range(h_kv):
+                heads = range(kv * group, (kv + 1) * group)
+                chosen = []
+                if pages:
+                    chosen = _page_rows(q[bi, heads, i], key_bounds[bi, kv], rows, t, w, layout, pages, page)
+                for head in heads:
+                    out[bi, head, i] = _attend(q[bi, head, i], q_sink[bi, head, i], keys + chosen, k[bi, kv],
+                                               v[bi, kv], pk[bi, kv], pv[bi, kv], scale, softcap)
+    return out
+
+
+def _page_rows(q, bounds, rows, t: int, w: int, layout: RingLayout, pages: int, page: int) -> list:
+    """The past rows of the k best candidate pages that are not window rows. q: [G, D] (rotated at t);
+    bounds: [P, 2, D]; rows: the stream position each cache row holds (-1 empty)."""
+    of = layout.page_of(np.arange(layout.capacity), page)
+    old = (rows >= layout.sinks) & (t - rows >= w)  # filled past ring rows older than the window
+    candidates = sorted({int(of[row]) for row in np.flatnonzero(old)})
+    bounds = np.asarray(bounds, dtype=np.float64)
+    score = {j: max(float(np.maximum(qh * bounds[j, 0], qh * bounds[j, 1]).sum()) for qh in q) for j in candidates}
+    best = sorted(candidates, key=lambda j: (-score[j], j))[:pages]  # ties: lower page first
+    return [("window", "past", int(row)) for row in np.flatnonzero(old & np.isin(of, best))]
+
+
+def _attend(q, q_sink, keys, k, v, pk, pv, scale: float, softcap: float) -> np.ndarray:
+    """One query head over its listed keys: exact softmax attention."""
+    scores, values = [], []
+    for kind, src, idx in keys:
+        query = q_sink if kind == "sink" else q
+        key = pk[idx] if src == "past" else k[idx]
+        scores.append(query @ key * scale)
+        values.append(pv[idx] if src == "past" else v[idx])
+    sc = np.array(scores)
+    if softcap:
+        sc = softcap * np.tanh(sc / softcap)
+    wts = np.exp(sc - sc.max())
+    return (wts / wts.sum()) @ np.array(values)
+
+
+def page_bounds_np(past_key, cache_position, sinks: int, page: int) -> np.ndarray:
+    """[B, H_kv, P, 2, D] in the cache's dtype: per page of ring rows the elementwise min (index 0) and max
+    (index 1) of its filled rows' keys; an empty page holds +inf / -inf. past_key [B, H_kv, C, D]."""
+    pk = np.asarray(past_key)
+    b, h_kv, c, d = pk.shape
+    layout = RingLayout(sinks, c - sinks)
+    count = layout.page_count(page)
+    out = np.empty((b, h_kv, count, 2, d), dtype=pk.dtype)
+    out[:, :, :, 0], out[:, :, :, 1] = np.inf, -np.inf
+    for bi in range(b):
+        rows = layout.row_positions(int(np.asarray(cache_position).reshape(-1)[bi]))
+        for j in range(count):
+            filled = sinks + j * page + np.flatnonzero(rows[sinks + j * page: sinks + (j + 1) * page] >= 0)
+            if filled.size:
+                out[bi, :, j, 0] = pk[bi][:, filled].min(axis=1)
+                out[bi, :, j, 1] = pk[bi][:, filled].max(axis=1)
     return out
 
 

@@ -54,6 +54,24 @@ class RingLayout:
             raise ConfigError(f"window: expected 0 (the largest) to {self.window_max}, found {window}")
         return self.window_max if window == 0 or window > self.window_max else window
 
+    def check_page(self, page) -> int:
+        """Rows per retrieval page (docs/windowed-attention.md, "The attention budget"): an integer >= 1 that
+        divides window_max, else ConfigError."""
+        if isinstance(page, bool) or not isinstance(page, (int, np.integer)) or int(page) < 1:
+            raise ConfigError(f"page: expected a positive integer, found {page!r}")
+        if self.window_max % int(page):
+            raise ConfigError(f"page: expected a divisor of the ring's size {self.window_max}, found {int(page)}")
+        return int(page)
+
+    def page_count(self, page: int) -> int:
+        """P = window_max / page: the ring's pages (sink rows are in none)."""
+        return self.window_max // self.check_page(page)
+
+    def page_of(self, rows: np.ndarray, page: int) -> np.ndarray:
+        """Page of each cache row (int64 array of any shape): (row - sinks) // page, -1 for a sink row."""
+        r = np.asarray(rows, dtype=np.int64)
+        return np.where(r < self.sinks, -1, (r - self.sinks) // self.check_page(page))
+
     def slots(self, positions: np.ndarray) -> np.ndarray:
         """Row of each stream position (int64 array of any shape)."""
         p = np.asarray(positions, dtype=np.int64)
