@@ -228,13 +228,40 @@ def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
 
 
+def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *, greedy: bool = False):
+    """decode_logits in hand-written Triton kernels (edgeattn.plugins.kernels.fused_decode), about 5 launches a
+    layer: norm + Q/K/V + rotation + cache write, attention, output projection + residual, norm + gate/up + SiLU,
+    down projection + residual; then norm + LM head (+ the argmax on the device with `greedy`: [B] int64)."""
+    from edgeattn.plugins.kernels import fused_decode as fk  # loads triton
+    from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+    s, t, b = w.shape, w.t, ids.shape[0]
+    ids, positions = ids.contiguous(), positions.contiguous()  # the kernels index them as [B]
+    tiles = fk.fused_tiles(b)
+    new = lambda *size: torch.empty(size, dtype=w.dtype, device=ids.device)  # noqa: E731
+    h, act = new(b, s.hidden), new(b, s.intermediate)  # h: the residual stream [B, hidden]
+    q, q_s = new(b, s.heads, s.head_dim), new(b, s.heads, s.head_dim)  # q, q_s: [B, H, D]
+    inv_freq = w.inv_freq.to(device=ids.device, dtype=torch.float32).contiguous()
+    for i in range(s.layers):
+        fk.qkv_rope(t["embed"] if i == 0 else h, ids, h, t["ln1"][i], t["wqkv"][i], t["bqkv"][i], t["qn"][i],
+                    t["kn"][i], inv_freq, positions, window, q, q_s, keys[i], values[i], heads=s.heads,
+                    kv_heads=s.kv_heads, sinks=s.sinks, eps=s.eps, rope_scale=w.rope_scaling, tiles=tiles,
+                    from_ids=i == 0)
+        o = cached_decode(q[:, :, None], q_s[:, :, None], keys[i][:b], values[i][:b], positions, window,
+                          sinks=s.sinks, scale=s.scale, splits=splits or None)  # o: [B, H, 1, D]
+        fk.linear_residual(o.view(b, -1), t["wo"][i], h, tiles=tiles)
+        fk.gate_up(h, t["ln2"][i], t["wgu"][i], act, eps=s.eps, tiles=tiles)
+        fk.linear_residual(act, t["wd"][i], h, tiles=tiles)
+    return fk.lm_head(h, t["norm"], t["lm_head"], eps=s.eps, tiles=tiles, greedy=greedy)
+
+
 def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
                   _logits=None, **pieces):
     """decode_logits, then the argmax on the device: [B] int64."""
     return (_logits or decode_logits)(w, ids, positions, window, keys, values, splits, **pieces).argmax(dim=-1)
 
 
-COMPILE_MODES = ("none", "layers", "linked", "whole")
+COMPILE_MODES = ("none", "layers", "linked", "whole", "fused")
 
 
 class DecodeGraph:
@@ -242,7 +269,8 @@ class DecodeGraph:
 
     `compile`: "none", "layers" (torch.compile on the pieces around attention: one compilation serves every
     layer, window and split count), "linked" (a layer's tail and the next one's head, cache writes included,
-    compiled as one piece) or "whole" (the step as one graph, recompiled per split count). `splits`:
+    compiled as one piece), "whole" (the step as one graph, recompiled per split count) or "fused" (no
+    torch.compile: hand-written Triton kernels, about 5 launches a layer, decode_fused). `splits`:
     programs per kv head of the attention kernel (fixed by the capture; cached_decode_splits sizes it)."""
 
     def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
@@ -268,6 +296,8 @@ class DecodeGraph:
             self._pieces = {"first": _compiled(torch, head_writing), "link": _compiled(torch, layer_link),
                             "tail": _compiled(torch, layer_tail)}
             fn = _linked(fn)
+        elif compile == "fused":
+            fn = _fused(fn)
         self._fn = fn
         self.graph = None
         self.out = None
@@ -315,6 +345,20 @@ def _linked(fn):
 
     def step(w, ids, positions, window, keys, values, splits=0, **pieces):
         return fn(w, ids, positions, window, keys, values, splits, _logits=decode_linked, **pieces)
+
+    return step
+
+
+def _fused(fn):
+    """The same step through decode_fused (fn is decode_greedy, decode_logits or a sampled step)."""
+    if fn is decode_greedy:
+        return lambda w, ids, positions, window, keys, values, splits=0: decode_fused(
+            w, ids, positions, window, keys, values, splits, greedy=True)
+    if fn is decode_logits:
+        return decode_fused
+
+    def step(w, ids, positions, window, keys, values, splits=0):
+        return fn(w, ids, positions, window, keys, values, splits, _logits=decode_fused)
 
     return step
 

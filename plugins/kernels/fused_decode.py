@@ -1,0 +1,346 @@
+"""Fused decode-step kernels for a Llama-family decoder: a few launches a layer instead of ~10.
+
+One new token per stream; the residual stream h [B, hidden] lives in the model's dtype. Per layer:
+
+    _qkv_rope_kernel        RMSNorm (each program recomputes the norm of the small [B, hidden] input) + the
+                            packed Q/K/V product + bias + Qwen3's per-head norms + the rotation at t (and q's
+                            second rotation at min(t, sinks + W) for the sink rows) + the ring write of the new
+                            key and value rows; layer 0 gathers h from the embedding table itself
+    (attention)             cached_decode.py's split-K kernel over the rows just written (+ its reduce when split)
+    _linear_residual_kernel the output projection, added to h in place
+    _gate_up_kernel         RMSNorm + the packed gate/up product + SiLU(gate) * up
+    _linear_residual_kernel the down projection, added to h in place
+
+and once a step `_lm_head_kernel` (the final norm + the LM head, writing logits and a per-block argmax) and, for
+greedy decoding, `_argmax_kernel` (the argmax of those block maxima): about 5 launches a layer. The live window is
+read from its device tensor by the kernels, so a CUDA graph of the step needs no new capture when it changes.
+
+Each product is a tile of `BLOCK_B` streams x `BLOCK_N` output rows, reduced over the input in `BLOCK_K` steps
+with tl.dot (so batch 1 pads the streams to 16 rows, which costs nothing on a step bound by reading the weights,
+and batch 64 runs the same code as a small matrix product). Tiles per batch bucket are in `fused_tiles`: measured
+on the H200 (benchmarks/cuda_step_h200.py). Numerics: products accumulate in float32; each product's output is
+rounded to the model's dtype where the eager step (runtime/cuda/decode_step.py) rounds it, so bf16 steps agree
+with it token for token in practice. Reads top to bottom: shared device functions, the kernels, the launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+LOG2E_F = 1.4426950408889634  # 1/ln 2 (host side)
+
+
+# --- device functions ---------------------------------------------------------------------------------------------
+@triton.jit
+def _dot_t(x, w, IEEE: tl.constexpr):
+    """x [BB, BK] @ w[BN, BK]^T -> [BB, BN] float32; IEEE: full float32 products (float32 weights, tests)."""
+    if IEEE:
+        return tl.dot(x, tl.trans(w), input_precision="ieee")
+    return tl.dot(x, tl.trans(w))
+
+
+@triton.jit
+def _rstd(X, x_rows, row_ok, K, eps, BLOCK_K: tl.constexpr):
+    """1 / RMS of the rows at element offsets x_rows [BB] (int64) of X, over K features: [BB] float32."""
+    ss = tl.zeros([x_rows.shape[0]], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(X + x_rows[:, None] + offs[None, :], mask=row_ok[:, None] & (offs < K)[None, :], other=0.0)
+        x = x.to(tl.float32)
+        ss += tl.sum(x * x, 1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, NORM: tl.constexpr):
+    """The [BB, BK] block of the input at features offs, normed (RMSNorm, rounded as the eager step rounds) when
+    NORM, in the weights' dtype."""
+    kmask = offs < K
+    x = tl.load(X + x_rows[:, None] + offs[None, :], mask=row_ok[:, None] & kmask[None, :], other=0.0)
+    if NORM:
+        g = tl.load(LnW + offs, mask=kmask, other=0.0)
+        x = (x.to(tl.float32) * rstd[:, None]).to(x.dtype) * g[None, :]
+    return x
+
+
+@triton.jit
+def _rope_pair(lo, hi, t, InvFreq, rope_scale, HALF: tl.constexpr):
+    """Hugging Face's rotate_half rotation at positions t [BB] of a head held as its two halves [BB, HALF]."""
+    j = tl.arange(0, HALF)
+    ang = t.to(tl.float32)[:, None] * tl.load(InvFreq + j)[None, :]
+    c = tl.cos(ang) * rope_scale
+    s = tl.sin(ang) * rope_scale
+    return lo * c - hi * s, hi * c + lo * s
+
+
+# --- kernels ------------------------------------------------------------------------------------------------------
+@triton.jit
+def _qkv_rope_kernel(
+    X, Ids, Hout, LnW, W, Bias, QN, KN, InvFreq, Pos, Window, Q, QS, KC, VC,
+    B, K, stride_x, H, H_kv, sinks, wmax, stride_cb, stride_ch, stride_cn, eps, rope_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FROM_IDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, IEEE: tl.constexpr,
+):
+    # x: [B, K] (FROM_IDS: the embedding table [V, K], rows ids[b]); w: [(H + 2 H_kv) * D, K]; q, qs: [B, H, D];
+    # kc, vc: [B', H_kv, C, D]; pos: [B] int64 (tokens before this one); window: [] int64 (<= 0: the whole ring)
+    # grid (H + 2 H_kv, cdiv(B, BLOCK_B)): program (j, .) makes head j of the packed Q/K/V rows
+    HALF: tl.constexpr = HEAD_DIM // 2
+    j = tl.program_id(0)
+    bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = bs < B
+    if FROM_IDS:
+        x_rows = tl.load(Ids + bs, mask=row_ok, other=0).to(tl.int64) * stride_x
+    else:
+        x_rows = bs.to(tl.int64) * stride_x
+    rstd = _rstd(X, x_rows, row_ok, K, eps, BLOCK_K)
+    n_lo = j * HEAD_DIM + tl.arange(0, HALF)
+    acc_lo = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, True)
+        kmask = (offs < K)[None, :]
+        w_lo = tl.load(W + n_lo.to(tl.int64)[:, None] * K + offs[None, :], mask=kmask, other=0.0)
+        w_hi = tl.load(W + (n_lo + HALF).to(tl.int64)[:, None] * K + offs[None, :], mask=kmask, other=0.0)
+        acc_lo += _dot_t(x.to(w_lo.dtype), w_lo, IEEE)
+        acc_hi += _dot_t(x.to(w_lo.dtype), w_hi, IEEE)
+        if FROM_IDS:  # the residual stream starts as the embedding rows: one program column writes it
+            if j == 0:
+                xr = tl.load(X + x_rows[:, None] + offs[None, :], mask=row_ok[:, None] & kmask, other=0.0)
+                tl.store(Hout + bs.to(tl.int64)[:, None] * K + offs[None, :], xr, mask=row_ok[:, None] & kmask)
+    if HAS_BIAS:
+        acc_lo += tl.load(Bias + n_lo).to(tl.float32)[None, :]
+        acc_hi += tl.load(Bias + n_lo + HALF).to(tl.float32)[None, :]
+    lo = acc_lo.to(Q.dtype.element_ty).to(tl.float32)  # the eager step rounds the product to the model's dtype
+    hi = acc_hi.to(Q.dtype.element_ty).to(tl.float32)
+    d = tl.arange(0, HALF)
+    t = tl.load(Pos + bs, mask=row_ok, other=0).to(tl.int32)  # [BB]: the new token's position
+    w = tl.load(Window).to(tl.int32)
+    w = tl.where((w <= 0) | (w > wmax), wmax, w)
+    ok = row_ok[:, None]
+    if j < H + H_kv:
+        if HAS_QK_NORM:  # Qwen3: RMSNorm over each head before the rotation
+            r = 1.0 / tl.sqrt((tl.sum(lo * lo, 1) + tl.sum(hi * hi, 1)) / HEAD_DIM + eps)
+            if j < H:
+                g_lo, g_hi = tl.load(QN + d).to(tl.float32), tl.load(QN + d + HALF).to(tl.float32)
+            else:
+                g_lo, g_hi = tl.load(KN + d).to(tl.float32), tl.load(KN + d + HALF).to(tl.float32)
+            lo = (lo * r[:, None]).to(Q.dtype.element_ty).to(tl.float32) * g_lo[None, :]
+            hi = (hi * r[:, None]).to(Q.dtype.element_ty).to(tl.float32) * g_hi[None, :]
+        r_lo, r_hi = _rope_pair(lo, hi, t, InvFreq, rope_scale, HALF)
+        if j < H:  # a query head: at t, and at min(t, sinks + W) for the sink rows
+            q_off = bs.to(tl.int64)[:, None] * (H * HEAD_DIM) + j * HEAD_DIM + d[None, :]
+            tl.store(Q + q_off, r_lo.to(Q.dtype.element_ty), mask=ok)
+            tl.store(Q + q_off + HALF, r_hi.to(Q.dtype.element_ty), mask=ok)
+            s_lo, s_hi = _rope_pair(lo, hi, tl.minimum(t, sinks + w), InvFreq, rope_scale, HALF)
+            tl.store(QS + q_off, s_lo.to(QS.dtype.element_ty), mask=ok)
+            tl.store(QS + q_off + HALF, s_hi.to(QS.dtype.element_ty), mask=ok)
+        else:
+            lo, hi = r_lo, r_hi
+    if j >= H:  # a key (rotated above) or value head: its row of the ring (edgeattn.attention.ring)
+        hk = tl.where(j < H + H_kv, j - H, j - H - H_kv)
+        row = tl.where(t < sinks, t, sinks + (t - sinks) % wmax)
+        c_off = bs.to(tl.int64)[:, None] * stride_cb + hk * stride_ch + row.to(tl.int64)[:, None] * stride_cn \
+            + d[None, :]
+        if j < H + H_kv:
+            tl.store(KC + c_off, lo.to(KC.dtype.element_ty), mask=ok)
+            tl.store(KC + c_off + HALF, hi.to(KC.dtype.element_ty), mask=ok)
+        else:
+            tl.store(VC + c_off, lo.to(VC.dtype.element_ty), mask=ok)
+            tl.store(VC + c_off + HALF, hi.to(VC.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _linear_residual_kernel(
+    X, W, Hres, B, K, N, stride_x,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    # x: [B, K]; w: [N, K]; h: [B, N], updated in place: h += round(x @ w^T); grid (cdiv(N, BLOCK_N), cdiv(B, BLOCK_B))
+    ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok, n_ok = bs < B, ns < N
+    x_rows = bs.to(tl.int64) * stride_x
+    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = _x_block(X, x_rows, row_ok, offs, K, acc, W, False)
+        w = tl.load(W + ns.to(tl.int64)[:, None] * K + offs[None, :], mask=n_ok[:, None] & (offs < K)[None, :],
+                    other=0.0)
+        acc += _dot_t(x.to(w.dtype), w, IEEE)
+    h_off = bs.to(tl.int64)[:, None] * N + ns[None, :]
+    ok = row_ok[:, None] & n_ok[None, :]
+    h = tl.load(Hres + h_off, mask=ok, other=0.0)
+    tl.store(Hres + h_off, h + acc.to(h.dtype), mask=ok)
+
+
+@triton.jit
+def _gate_up_kernel(
+    X, LnW, W, Act, B, K, N, eps,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    # x: [B, K] (h); w: [2 N, K] (gate rows, then up rows); act: [B, N] = silu(gate) * up
+    # grid (cdiv(N, BLOCK_N), cdiv(B, BLOCK_B))
+    ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok, n_ok = bs < B, ns < N
+    x_rows = bs.to(tl.int64) * K
+    rstd = _rstd(X, x_rows, row_ok, K, eps, BLOCK_K)
+    gate = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, True)
+        wmask = n_ok[:, None] & (offs < K)[None, :]
+        w_g = tl.load(W + ns.to(tl.int64)[:, None] * K + offs[None, :], mask=wmask, other=0.0)
+        w_u = tl.load(W + (ns + N).to(tl.int64)[:, None] * K + offs[None, :], mask=wmask, other=0.0)
+        gate += _dot_t(x.to(w_g.dtype), w_g, IEEE)
+        up += _dot_t(x.to(w_g.dtype), w_u, IEEE)
+    dt = Act.dtype.element_ty
+    g = gate.to(dt).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt) * up.to(dt)  # silu in float32, rounded, times the rounded up
+    tl.store(Act + bs.to(tl.int64)[:, None] * N + ns[None, :], act, mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _lm_head_kernel(
+    X, LnW, W, Logits, PartV, PartI, B, K, V, eps, n_blocks,
+    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):
+    # x: [B, K] (h); w: [V, K]; logits: [B, V]; part_v, part_i: [B, n_blocks] (each block's largest logit and its
+    # first index); grid (n_blocks, cdiv(B, BLOCK_B))
+    pid_n = tl.program_id(0)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok, n_ok = bs < B, ns < V
+    x_rows = bs.to(tl.int64) * K
+    rstd = _rstd(X, x_rows, row_ok, K, eps, BLOCK_K)
+    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, True)
+        w = tl.load(W + ns.to(tl.int64)[:, None] * K + offs[None, :], mask=n_ok[:, None] & (offs < K)[None, :],
+                    other=0.0)
+        acc += _dot_t(x.to(w.dtype), w, IEEE)
+    logits = acc.to(Logits.dtype.element_ty)
+    tl.store(Logits + bs.to(tl.int64)[:, None] * V + ns[None, :], logits, mask=row_ok[:, None] & n_ok[None, :])
+    vals = tl.where(n_ok[None, :], logits.to(tl.float32), float("-inf"))  # the argmax of what sampling sees
+    best = tl.argmax(vals, 1, tie_break_left=True)
+    part = bs.to(tl.int64) * n_blocks + pid_n
+    tl.store(PartV + part, tl.max(vals, 1), mask=row_ok)
+    tl.store(PartI + part, pid_n * BLOCK_N + best, mask=row_ok)
+
+
+@triton.jit
+def _argmax_kernel(PartV, PartI, Out, n_blocks, BLOCK: tl.constexpr):
+    # part_v, part_i: [B, n_blocks]; out: [B] int64, the first index of the largest logit; grid (B,)
+    b = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    live = offs < n_blocks
+    v = tl.load(PartV + b * n_blocks + offs, mask=live, other=float("-inf"))
+    best = tl.argmax(v, 0, tie_break_left=True)  # blocks in vocabulary order: the first block wins a tie
+    tl.store(Out + b, tl.load(PartI + b * n_blocks + best).to(tl.int64))
+
+
+# --- tiles and launches -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FusedTiles:
+    """Tiles of one batch bucket: streams a program takes, output rows of the hidden-sized products (o, down), of
+    the gate/up product and of the LM head, and the reduction step; num_warps of the product kernels."""
+
+    block_b: int
+    block_n_hidden: int
+    block_n_inter: int
+    block_n_vocab: int
+    block_k: int = 64
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block_b", "block_n_hidden", "block_n_inter", "block_n_vocab", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name}: expected a power of two >= 16 (tl.dot's smallest tile), found {v}")
+
+
+def fused_tiles(batch: int) -> FusedTiles:
+    """The tile of a batch bucket: small tiles (more programs) while the step reads weights, larger once the batch
+    makes the products compute-worthy."""
+    if batch <= 16:
+        return FusedTiles(block_b=16, block_n_hidden=16, block_n_inter=32, block_n_vocab=128)
+    if batch <= 32:
+        return FusedTiles(block_b=32, block_n_hidden=32, block_n_inter=32, block_n_vocab=128)
+    return FusedTiles(block_b=64, block_n_hidden=32, block_n_inter=64, block_n_vocab=128, warps=4)
+
+
+def _ieee(t) -> bool:
+    import torch
+
+    return t.dtype == torch.float32
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def qkv_rope(x, ids, h_out, ln, wqkv, bias, qn, kn, inv_freq, positions, window, q, q_sink, k_cache, v_cache, *,
+             heads: int, kv_heads: int, sinks: int, eps: float, rope_scale: float, tiles: FusedTiles,
+             from_ids: bool) -> None:
+    """Norm + packed Q/K/V product + rotation into q, q_sink [B, H, D]; the new key and value rows written into
+    k_cache, v_cache [B', H_kv, C, D]. from_ids: x is the embedding table, the rows are ids, and h_out [B, hidden]
+    receives them (the residual stream's start)."""
+    b, d = q.shape[0], q.shape[2]
+    wmax = k_cache.shape[2] - sinks
+    grid = (heads + 2 * kv_heads, _cdiv(b, tiles.block_b))
+    _qkv_rope_kernel[grid](
+        x, ids, h_out, ln, wqkv, bias if bias is not None else wqkv, qn if qn is not None else ln,
+        kn if kn is not None else ln, inv_freq, positions, window, q, q_sink, k_cache, v_cache,
+        b, x.shape[1], x.stride(0), heads, kv_heads, int(sinks), int(wmax), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), float(eps), float(rope_scale),
+        HEAD_DIM=d, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, FROM_IDS=from_ids, HAS_BIAS=bias is not None,
+        HAS_QK_NORM=qn is not None, IEEE=_ieee(wqkv), num_warps=tiles.warps,
+    )
+
+
+def linear_residual(x, w, h, *, tiles: FusedTiles) -> None:
+    """h [B, N] += x [B, K] @ w [N, K]^T (in place)."""
+    b, k = x.shape
+    n = w.shape[0]
+    grid = (_cdiv(n, tiles.block_n_hidden), _cdiv(b, tiles.block_b))
+    _linear_residual_kernel[grid](x, w, h, b, k, n, x.stride(0), BLOCK_B=tiles.block_b,
+                                  BLOCK_N=tiles.block_n_hidden, BLOCK_K=tiles.block_k, IEEE=_ieee(w),
+                                  num_warps=tiles.warps)
+
+
+def gate_up(h, ln, wgu, act, *, eps: float, tiles: FusedTiles) -> None:
+    """act [B, I] = silu(gate) * up of RMSNorm(h) with gate and up packed in wgu [2 I, hidden]."""
+    b, k = h.shape
+    n = act.shape[1]
+    grid = (_cdiv(n, tiles.block_n_inter), _cdiv(b, tiles.block_b))
+    _gate_up_kernel[grid](h, ln, wgu, act, b, k, n, float(eps), BLOCK_B=tiles.block_b,
+                          BLOCK_N=tiles.block_n_inter, BLOCK_K=tiles.block_k, IEEE=_ieee(wgu), num_warps=tiles.warps)
+
+
+def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
+    """RMSNorm(h) @ w^T -> logits [B, V] in h's dtype, or with greedy the first index of each row's largest
+    logit, [B] int64 (two launches; the logits are written either way)."""
+    import torch
+
+    b, k = h.shape
+    v = w.shape[0]
+    n_blocks = _cdiv(v, tiles.block_n_vocab)
+    logits = torch.empty((b, v), device=h.device, dtype=h.dtype)
+    part_v = torch.empty((b, n_blocks), device=h.device, dtype=torch.float32)
+    part_i = torch.empty((b, n_blocks), device=h.device, dtype=torch.int32)
+    _lm_head_kernel[(n_blocks, _cdiv(b, tiles.block_b))](
+        h, ln, w, logits, part_v, part_i, b, k, v, float(eps), n_blocks, BLOCK_B=tiles.block_b,
+        BLOCK_N=tiles.block_n_vocab, BLOCK_K=tiles.block_k, IEEE=_ieee(w), num_warps=tiles.warps)
+    if not greedy:
+        return logits
+    out = torch.empty((b,), device=h.device, dtype=torch.int64)
+    _argmax_kernel[(b,)](part_v, part_i, out, n_blocks, BLOCK=max(16, triton.next_power_of_2(n_blocks)))
+    return out
+
+
+__all__ = ["FusedTiles", "fused_tiles", "gate_up", "linear_residual", "lm_head", "qkv_rope"]
