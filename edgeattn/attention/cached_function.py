@@ -23,11 +23,13 @@ from edgeattn.attention.onnx_function import _Body, make_function
 
 CACHED_OP_TYPE = "CachedWindowedAttention"
 CACHED_INPUTS = ("q", "q_sink", "k", "v", "past_key", "past_value", "cache_position", "window")
+BUDGET_INPUTS = ("pages", "key_bounds")  # the attention budget's optional inputs, after `window`
 CACHED_ATTRIBUTES = {"sinks": 0, "scale": 0.0, "softcap": 0.0, "plugin_namespace": DOMAIN}
 
 
-def _build_cached(b: _Body) -> str:
-    """Shapes in comments: G = H / H_kv, N = ring rows read (<= W), NS = max(sinks, 1) sink rows read."""
+def _build_cached(b: _Body, budget: bool = False) -> str:
+    """Shapes in comments: G = H / H_kv, N = ring rows read (<= W), NS = max(sinks, 1) sink rows read.
+    budget: the body also reads the inputs `pages` and `key_bounds` (a fourth group of keys, `_page_group`)."""
     i0, i1 = b.const(0), b.const(1)
     sinks = b.attr_const("sinks", onnx.AttributeProto.INT)
     scale_attr = b.attr_const("scale", onnx.AttributeProto.FLOAT)
@@ -35,7 +37,7 @@ def _build_cached(b: _Body) -> str:
     no_cap = b.Equal(cap, b.const(0.0, np.float32))
     cap_safe = b.Where(no_cap, b.const(1.0, np.float32), cap)
     qf, qsf, kf, vf = (b.Cast(x, to=TensorProto.FLOAT) for x in ("q", "q_sink", "k", "v"))
-    pk, pv = b.Cast("past_key", to=TensorProto.FLOAT), b.Cast("past_value", to=TensorProto.FLOAT)
+    pk, pv = "past_key", "past_value"  # rows are cast after they are gathered: no op reads the whole cache
     q_shape, c_shape = b.Shape("q"), b.Shape("past_key")
     bsz, h, sq, d = (b.dim(q_shape, i) for i in range(4))
     hkv, c = b.dim(c_shape, 1), b.dim(c_shape, 2)
@@ -61,12 +63,12 @@ def _build_cached(b: _Body) -> str:
     bh = b.Reshape(b.Range(i0, b.Mul(bsz, hkv), i1), b.vec(bsz, hkv, i1))  # [B, H_kv, 1]
     rows = b.Add(b.Mul(bh, c), b.Unsqueeze(slot_w, b.const([1])))  # [B, H_kv, N]
     flat = b.vec(b.const(-1), d)
-    kw = b.Gather(b.Reshape(pk, flat), rows, axis=0)  # [B, H_kv, N, D]
-    vw = b.Gather(b.Reshape(pv, flat), rows, axis=0)
+    kw = b.Cast(b.Gather(b.Reshape(pk, flat), rows, axis=0), to=TensorProto.FLOAT)  # [B, H_kv, N, D]
+    vw = b.Cast(b.Gather(b.Reshape(pv, flat), rows, axis=0), to=TensorProto.FLOAT)
     # sink rows: at least one row is read even without sinks (then masked): zero-sized tensors break older ORT
     ns = b.Max(sinks, i1)
-    ks = b.Slice(pk, b.const([0]), b.Unsqueeze(ns, b.const([0])), b.const([2]))  # [B, H_kv, NS, D]
-    vs = b.Slice(pv, b.const([0]), b.Unsqueeze(ns, b.const([0])), b.const([2]))
+    ks = b.Cast(b.Slice(pk, b.const([0]), b.Unsqueeze(ns, b.const([0])), b.const([2])), to=TensorProto.FLOAT)
+    vs = b.Cast(b.Slice(pv, b.const([0]), b.Unsqueeze(ns, b.const([0])), b.const([2])), to=TensorProto.FLOAT)
     kpos_s = b.Unsqueeze(b.Range(i0, ns, i1), b.const([0]))  # [1, NS]
     valid_s = b.And(b.Less(kpos_s, sinks), b.Less(kpos_s, pos))  # [B, NS]: a sink row is filled once pos > j
     # masks as additive biases, [B, 1, 1, S, L]: broadcast over the KV heads and the G query heads
@@ -87,14 +89,17 @@ def _build_cached(b: _Body) -> str:
     kn = b.Reshape(kf, b.vec(bsz, hkv, sq, d), check="expected k [B, H_kv, S, D] matching q and the cache")
     vn = b.Reshape(vf, b.vec(bsz, hkv, sq, d), check="expected v [B, H_kv, S, D] matching k")
     groups = ((qsg, ks, vs), (qg, kw, vw), (qg, kn, vn))
+    capped = lambda s: b.Where(no_cap, s, b.Mul(b.Tanh(b.Div(s, cap_safe)), cap_safe))  # noqa: E731 - 0: none
     scores = []
     for (query, key, _), bias in zip(groups, biases):
-        s = b.MatMul(query, b.Transpose(key, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, L]
-        s = b.Where(no_cap, s, b.Mul(b.Tanh(b.Div(s, cap_safe)), cap_safe))  # soft-capping (0: none)
+        s = capped(b.MatMul(query, b.Transpose(key, perm=[0, 1, 3, 2])))  # [B, H_kv, G*S, L]
         scores.append(b.Add(b.Reshape(s, b.vec(bsz, hkv, g, sq, b.const(-1))), bias))  # [B, H_kv, G, S, L]
+    if budget:
+        dims = dict(bsz=bsz, hkv=hkv, g=g, sq=sq, d=d, c=c, wmax=wmax, sinks=sinks, w=w, pos=pos, bh=bh, qi=qi)
+        page_scores, page_values = _page_group(b, qf, scale, pk, pv, capped, **dims)
     m = scores[0]
     m = b.reduce("ReduceMax", scores[0], -1)
-    for s in scores[1:]:
+    for s in scores[1:] + ([page_scores] if budget else []):
         m = b.Max(m, b.reduce("ReduceMax", s, -1))  # finite: every row reads its own key
     exps = [b.Exp(b.Sub(s, m)) for s in scores]
     denom = b.Add(b.Add(*(b.reduce("ReduceSum", e, -1) for e in exps[:2])), b.reduce("ReduceSum", exps[2], -1))
@@ -102,23 +107,89 @@ def _build_cached(b: _Body) -> str:
     for e, (_, _, value) in zip(exps, groups):
         part = b.MatMul(b.Reshape(e, b.vec(bsz, hkv, b.Mul(g, sq), b.const(-1))), value)  # [B, H_kv, G*S, D]
         num = part if num is None else b.Add(num, part)
+    if budget:  # k = 0: every page row is masked, so these add exact zeros (the same result, bit for bit)
+        e = b.Exp(b.Sub(page_scores, m))  # [B, H_kv, G, S, R]
+        denom = b.Add(denom, b.reduce("ReduceSum", e, -1))
+        part = b.MatMul(b.Transpose(e, perm=[0, 1, 3, 2, 4]), page_values)  # [B, H_kv, S, G, D]
+        num = b.Add(num, b.Reshape(b.Transpose(part, perm=[0, 1, 3, 2, 4]), b.vec(bsz, hkv, b.Mul(g, sq), d)))
     o = b.Div(b.Reshape(num, b.vec(bsz, hkv, g, sq, d)), denom)  # [B, H_kv, G, S, D]
     o = b.Reshape(o, b.vec(bsz, h, sq, d))
     return b.CastLike(o, "q")
 
 
-def cached_function_proto(opset: int = 18) -> onnx.FunctionProto:
-    """The local function edgeattn::CachedWindowedAttention against the default-domain `opset` (>= 18)."""
+def _top_k(b: _Body, x: str, k: str) -> tuple[str, str]:
+    """TopK on the last axis, largest first; equal values: the lower index first (the ONNX spec)."""
+    values, indices = f"_topk_values{len(b.nodes)}", f"_topk_indices{len(b.nodes)}"
+    b.nodes.append(helper.make_node("TopK", [x, k], [values, indices], axis=-1, largest=1, sorted=1))
+    return values, indices
+
+
+def _page_group(b: _Body, qf, scale, pk, pv, capped, *, bsz, hkv, g, sq, d, c, wmax, sinks, w, pos, bh, qi):
+    """The budget's pages: per query and KV head, TopK of the candidate pages' bound scores, then the chosen
+    pages' rows gathered (R = k' * page rows a query, k' = max(min(k, P), 1)). -> scores [B, H_kv, G, S, R]
+    (masked to -inf where a row is not read) and values [B, H_kv, S, R, D]."""
+    i0, i1 = b.const(0), b.const(1)
+    kb = b.Cast("key_bounds", to=TensorProto.FLOAT)  # [B, H_kv, P, 2, D]
+    npages = b.dim(b.Shape("key_bounds"), 2)
+    page = b.Div(wmax, npages)  # the bounds' pages cut the ring evenly (page divides W_max)
+    k = b.Reshape("pages", b.const([], np.int64))
+    kk = b.Max(b.Min(k, npages), i1)  # at least one page: zero-sized tensors break older ORT
+    # candidates, from positions alone: past ring rows p in [lo, hi], hi = min(pos - 1, t - W), cover the ring
+    # offsets [s0, s0 + L) mod W_max; page j (offsets [j*page, (j+1)*page)) holds one iff either interval's
+    # start lies in the other
+    lo = b.Max(b.Sub(pos, wmax), sinks)  # [B, 1]
+    t = b.Add(pos, b.Unsqueeze(b.Range(i0, sq, i1), b.const([0])))  # [B, S]
+    span = b.Add(b.Sub(b.Min(b.Sub(pos, i1), b.Sub(t, w)), lo), i1)  # [B, S]: L (<= 0: no candidate)
+    s0 = b.Mod(b.Sub(lo, sinks), wmax)  # [B, 1]
+    start = b.Mul(b.Range(i0, npages, i1), page)  # [P]
+    s0_, span_ = b.Unsqueeze(s0, b.const([2])), b.Unsqueeze(span, b.const([2]))  # [B, 1, 1], [B, S, 1]
+    cand = b.Or(b.Less(b.Mod(b.Sub(start, s0_), wmax), span_), b.Less(b.Mod(b.Sub(s0_, start), wmax), page))
+    cand = b.Unsqueeze(b.And(cand, b.Greater(span_, i0)), b.const([1]))  # [B, 1, S, P]
+    # Quest's bound: sum_d max(q_d * min_d, q_d * max_d) = relu(q) . max + min(q, 0) . min; max over the group
+    lo_b = b.Squeeze(b.Slice(kb, b.const([0]), b.const([1]), b.const([3])), b.const([3]))  # [B, H_kv, P, D]
+    hi_b = b.Squeeze(b.Slice(kb, b.const([1]), b.const([2]), b.const([3])), b.const([3]))
+    qr = b.Reshape(qf, b.vec(bsz, hkv, b.Mul(g, sq), d))
+    zero = b.const(0.0, np.float32)
+    bound = b.Add(b.MatMul(b.Relu(qr), b.Transpose(hi_b, perm=[0, 1, 3, 2])),
+                  b.MatMul(b.Min(qr, zero), b.Transpose(lo_b, perm=[0, 1, 3, 2])))  # [B, H_kv, G*S, P]
+    bound = b.ReduceMax(b.Reshape(bound, b.vec(bsz, hkv, g, sq, npages)), b.const([2]), keepdims=0)  # [B,H_kv,S,P]
+    neg_inf = b.const(-np.inf, np.float32)
+    best, chosen = _top_k(b, b.Where(cand, bound, neg_inf), b.Unsqueeze(kk, b.const([0])))  # [B, H_kv, S, k']
+    taken = b.And(b.Greater(best, neg_inf), b.Less(b.Range(i0, kk, i1), k))  # a candidate, and one of the k
+    # the chosen pages' rows: ring offset o = page index * page + r; the position it holds, from pos
+    o = b.Add(b.Unsqueeze(b.Mul(chosen, page), b.const([4])), b.Range(i0, page, i1))  # [B, H_kv, S, k', page]
+    rshape = b.vec(bsz, hkv, sq, b.Mul(kk, page))
+    o = b.Reshape(o, rshape)  # [B, H_kv, S, R]
+    last = b.Unsqueeze(b.Sub(b.Sub(pos, i1), sinks), b.const([1, 2]))  # [B, 1, 1, 1]: newest ring offset
+    held = b.Sub(last, b.Mod(b.Sub(last, o), wmax))  # ring offset (p - sinks) of the token in row sinks + o
+    t_ = b.Unsqueeze(t, b.const([1, 3]))  # [B, 1, S, 1]
+    page_ok = b.Reshape(b.Expand(b.Unsqueeze(taken, b.const([4])), b.vec(bsz, hkv, sq, kk, page)), rshape)
+    ok = b.And(b.And(b.GreaterOrEqual(held, i0), b.GreaterOrEqual(b.Sub(t_, b.Add(held, sinks)), w)), page_ok)
+    rows = b.Add(b.Mul(b.Unsqueeze(bh, b.const([3])), c), b.Add(o, sinks))  # [B, H_kv, S, R] rows of [B*H_kv*C, D]
+    flat = b.vec(b.const(-1), d)
+    kp = b.Cast(b.Gather(b.Reshape(pk, flat), rows, axis=0), to=TensorProto.FLOAT)  # [B, H_kv, S, R, D]
+    vp = b.Cast(b.Gather(b.Reshape(pv, flat), rows, axis=0), to=TensorProto.FLOAT)  # only the chosen pages' rows
+    qs = b.Transpose(b.Reshape(b.Mul(qf, scale), b.vec(bsz, hkv, g, sq, d)), perm=[0, 1, 3, 2, 4])  # [B,H_kv,S,G,D]
+    s = capped(b.MatMul(qs, b.Transpose(kp, perm=[0, 1, 2, 4, 3])))  # [B, H_kv, S, G, R]
+    s = b.Where(b.Unsqueeze(ok, b.const([3])), s, neg_inf)
+    return b.Transpose(s, perm=[0, 1, 3, 2, 4]), vp  # [B, H_kv, G, S, R], [B, H_kv, S, R, D]
+
+
+def cached_function_proto(opset: int = 18, *, budget: bool = False) -> onnx.FunctionProto:
+    """The local function edgeattn::CachedWindowedAttention against the default-domain `opset` (>= 18).
+    budget: the form with the attention budget's inputs `pages` and `key_bounds` (BUDGET_INPUTS)."""
     if opset < 18:
         raise ValueError(f"the cached op's body needs opset >= 18, found {opset}")
     b = _Body(opset)
-    return make_function(b, _build_cached(b), CACHED_OP_TYPE, CACHED_INPUTS, CACHED_ATTRIBUTES)
+    inputs = CACHED_INPUTS + (BUDGET_INPUTS if budget else ())
+    return make_function(b, _build_cached(b, budget), CACHED_OP_TYPE, inputs, CACHED_ATTRIBUTES)
 
 
 def make_cached_node(inputs: list[str], *, out: str, sinks: int, scale: float = 0.0, softcap: float = 0.0,
                      name: str | None = None) -> onnx.NodeProto:
-    if len(inputs) != len(CACHED_INPUTS):
-        raise ValueError(f"expected inputs {CACHED_INPUTS}, found {len(inputs)}")
+    """inputs: CACHED_INPUTS, or CACHED_INPUTS + BUDGET_INPUTS (the attention budget)."""
+    if len(inputs) not in (len(CACHED_INPUTS), len(CACHED_INPUTS) + len(BUDGET_INPUTS)):
+        raise ValueError(f"expected inputs {CACHED_INPUTS} (+ {BUDGET_INPUTS}), found {len(inputs)}")
     extra = {"softcap": float(softcap)} if softcap else {}  # written only when set: other graphs stay as they were
     return helper.make_node(CACHED_OP_TYPE, inputs, [out], name=name, domain=DOMAIN, sinks=int(sinks),
                             scale=float(scale), plugin_namespace=DOMAIN, **extra)
