@@ -150,3 +150,16 @@ def test_the_body_reads_only_the_chosen_pages():
     outs = _session(model).run(None, feeds)
     big = {name: producers[name] for name, x in zip(producers, outs) if np.asarray(x).size >= wmax * d // 2}
     assert set(big.values()) == {"Reshape"} and len(big) == 4, big  # past_key and past_value, for each Gather
+
+
+def test_the_cpu_lowering_keeps_a_budget_node_and_says_why():
+    import onnx_ir as ir
+
+    from edgeattn.passes import PassContext
+    from edgeattn.passes.cached_attention_cpu import LowerCachedAttentionForCpu
+    from edgeattn.targets import get_target
+
+    model = ir.serde.deserialize_model(_model(2, True))
+    result = LowerCachedAttentionForCpu()(model, PassContext(get_target("cpu")))
+    assert result.details["lowered"] == 0 and len(result.problems) == 1
+    assert "kept as the op" in result.problems[0] and "attention budget's pages" in result.problems[0]

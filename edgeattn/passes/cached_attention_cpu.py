@@ -20,8 +20,8 @@ fuse-rotary-cpu because that form reads its angle tables).
 
 Nodes share one geometry when they read the same position and window inputs, have the same sinks, head
 layout, and caches and queries whose shapes are the same symbolic dims; others get their own (never a
-silent change of meaning). Nodes the lowering cannot take (not float32, head counts not static) keep the op
-and are listed with the reason.
+silent change of meaning). Nodes the lowering cannot take (not float32, head counts not static, the attention
+budget's page inputs) keep the op and are listed with the reason.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 
 from edgeattn.attention import DOMAIN
-from edgeattn.attention.cached_function import CACHED_OP_TYPE
+from edgeattn.attention.cached_function import CACHED_INPUTS, CACHED_OP_TYPE
 from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes import cached_attention_gqa as gqa
 from edgeattn.passes.rewiring import constant, replace_value
@@ -66,6 +66,9 @@ class LowerCachedAttentionForCpu:
 
 
 def _why_not(node: ir.Node) -> str | None:
+    if len(node.inputs) > len(CACHED_INPUTS):
+        return ("it reads the attention budget's pages (inputs pages, key_bounds), which the lowering does not "
+                "do yet")
     q, k, pk = node.inputs[0], node.inputs[2], node.inputs[4]
     for name, value in (("q", q), ("k", k), ("past_key", pk)):
         if value.dtype != ir.DataType.FLOAT:
