@@ -12,6 +12,10 @@ whole ring). The op writes the new row of each stream (edgeattn.attention.ring's
 attention output [B, H, D]. CUDA runs the split-K Triton kernel (cached_decode.py) with `splits` programs per
 kv head (0: sized from the ring); other devices run the float reference, so tests run anywhere. A fake kernel
 makes it traceable by torch.compile, which keeps the cache writes in place (the op declares them).
+
+`ring_decode_budget` is ring_decode with the attention budget (also the pages [] int64 device scalar, the
+page bounds [B', H_kv, P, 2, D] it keeps, `page` and `k_max`): CUDA runs budget_decode.py's selection and
+block-sparse split-K kernels over the cache as it was before the new token, then budget_bounds.py's write.
 """
 
 from __future__ import annotations
@@ -98,9 +102,67 @@ def _ring_attend_fake(q, q_sink, k_cache, v_cache, positions, window, sinks, sca
     return torch.empty_like(q)
 
 
+BUDGET_NAME = "edgeattn::ring_decode_budget"
+
+
+@torch.library.custom_op(BUDGET_NAME, mutates_args=("k_cache", "v_cache", "bounds"))
+def ring_decode_budget(q: torch.Tensor, q_sink: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, bounds: torch.Tensor, positions: torch.Tensor,
+                       window: torch.Tensor, pages: torch.Tensor, sinks: int, scale: float, splits: int, page: int,
+                       k_max: int) -> torch.Tensor:
+    """ring_decode with the attention budget (docs/windowed-attention.md): the sinks, the window and the
+    `pages` (a [] int64 device scalar, at most k_max) best pages of `page` ring rows by their key bounds
+    (bounds: [B', H_kv, P, 2, D], kept by this op). Attends over the cache as it was before the new token, then
+    writes the new row and recomputes its page's bounds. Reference for non-CUDA devices (float32)."""
+    b = q.shape[0]
+    k_eff = torch.clamp(pages, max=k_max)
+    out = cached_windowed_attention(q[:, :, None].float(), q_sink[:, :, None].float(), k[:, :, None].float(),
+                                    v[:, :, None].float(), k_cache[:b].float(), v_cache[:b].float(), positions,
+                                    window, k_eff, bounds[:b].float(), sinks=sinks, scale=scale)
+    _write_rows(k, v, k_cache, v_cache, positions, sinks)
+    refresh_bounds_reference(k_cache, bounds, positions, 1, sinks=sinks, page=page)
+    return out[:, :, 0].to(q.dtype)
+
+
+@ring_decode_budget.register_kernel("cuda")
+def _ring_decode_budget_cuda(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, pages, sinks, scale,
+                             splits, page, k_max):
+    from edgeattn.plugins.kernels.budget_bounds import ring_write_bounds  # loads triton
+    from edgeattn.plugins.kernels.budget_decode import budget_decode
+
+    out = budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, pages, sinks=sinks,
+                        page=page, k_max=k_max, scale=scale, splits=splits or None)
+    ring_write_bounds(k, v, k_cache, v_cache, bounds, positions, sinks=sinks, page=page)
+    return out
+
+
+@ring_decode_budget.register_fake
+def _ring_decode_budget_fake(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, pages, sinks, scale,
+                             splits, page, k_max):
+    return torch.empty_like(q)
+
+
+def refresh_bounds_reference(k_cache, bounds, positions, count: int, *, sinks: int, page: int) -> None:
+    """budget_bounds.refresh_bounds in plain PyTorch (any device, slow): the pages that `count` rows written from
+    positions[b] touched, recomputed from their filled rows; in place."""
+    wmax = k_cache.shape[2] - sinks
+    for b, start in enumerate(positions.tolist()):
+        end = start + int(count)
+        first = max(start, sinks)
+        if end <= first:
+            continue  # sink rows only: in no page
+        offsets = torch.arange(first, end, device=k_cache.device)[-wmax:] - sinks
+        filled = min(end - sinks, wmax)
+        for j in torch.unique(torch.remainder(offsets, wmax) // page).tolist():
+            rows = k_cache[b, :, sinks + j * page: sinks + min((j + 1) * page, filled)]  # [H_kv, n, D]
+            bounds[b, :, j, 0] = rows.amin(dim=1)
+            bounds[b, :, j, 1] = rows.amax(dim=1)
+
+
 def _rows(positions, sinks: int, wmax: int):
     p = positions.to(torch.int64)
     return torch.where(p < sinks, p, sinks + torch.remainder(p - sinks, wmax))
 
 
-__all__ = ["ATTEND_NAME", "OP_NAME", "ring_attend", "ring_decode"]
+__all__ = ["ATTEND_NAME", "BUDGET_NAME", "OP_NAME", "refresh_bounds_reference", "ring_attend", "ring_decode",
+           "ring_decode_budget"]
