@@ -5,6 +5,11 @@ the work; only attention and the cache are ours. One call runs a chunk of S new 
 
     logits, presents = model(input_ids [B, S], cache_position [B], window [], past [2L x [B, H_kv, C, D]])
 
+With a page size (the attention budget, docs/windowed-attention.md) the model also reads the retrieval pages k
+(an int64 scalar, after the window) and per layer the key bounds [B, H_kv, P, 2, D] (after the cache):
+
+    logits, presents = model(input_ids, cache_position, window, pages, *past, *key_bounds)
+
 `presents` are the chunk's keys (rotated at their true positions) and values, [B, H_kv, S, D] per layer:
 the caller writes them into its ring (`cached_torch.write_ring_`, or the runtime's numpy writer). Queries are
 rotated twice: at t for the window rows and at min(t, sinks + W) for the sink rows (edgeattn.attention.ring).
@@ -49,7 +54,7 @@ def _parts(hf_model):
 
 
 class CachedDecoder(torch.nn.Module):
-    def __init__(self, hf_model, sinks: int):
+    def __init__(self, hf_model, sinks: int, page: int = 0):
         super().__init__()
         reason = families.why_not(hf_model.config)
         if reason:
@@ -57,7 +62,7 @@ class CachedDecoder(torch.nn.Module):
         config = families.text_config(hf_model.config)
         self.inner = hf_model
         self.backbone, self.head = _parts(hf_model)
-        self.sinks = int(sinks)
+        self.sinks, self.page = int(sinks), int(page)
         self.layers = self.backbone.layers
         first = self.layers[0].self_attn
         self.heads = config.num_attention_heads
@@ -68,6 +73,9 @@ class CachedDecoder(torch.nn.Module):
         if any(self.windows) and self.sinks:
             raise ModelError(f"decoder export: layers with a trained sliding window read exactly their window; sinks "
                              f"would add {self.sinks} keys to it: expected sinks 0, found {self.sinks}")
+        if any(self.windows) and self.page:
+            raise ModelError(f"decoder export: layers with a trained sliding window read exactly their window; "
+                             f"retrieval pages would add keys to it: expected page 0, found {self.page}")
         self.layer_types = getattr(config, "layer_types", None) or [None] * len(self.layers)
         rope = self.backbone.rotary_emb
         self._rope_by_type = "layer_type" in inspect.signature(rope.forward).parameters
@@ -88,8 +96,10 @@ class CachedDecoder(torch.nn.Module):
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         return q, *(t.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
 
-    def forward(self, input_ids, cache_position, window, *past):
+    def forward(self, input_ids, cache_position, window, *rest):
         m = self.backbone
+        n = 2 * len(self.layers)
+        pages, past, bounds = (rest[0], rest[1:1 + n], rest[1 + n:]) if self.page else (None, rest, None)
         b, s = input_ids.shape
         positions = cache_position.reshape(b, 1) + torch.arange(s, device=input_ids.device)  # [B, S]
         wmax = past[0].shape[2] - self.sinks
@@ -108,7 +118,8 @@ class CachedDecoder(torch.nn.Module):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q_t, q_s, k_t = apply_rope(q, cos, sin), apply_rope(q, cos_s, sin_s), apply_rope(k, cos, sin)
             o = cached_windowed_attention(q_t, q_s, k_t, v, past[2 * i], past[2 * i + 1], cache_position,
-                                          capped.get(self.windows[i], window), sinks=self.sinks,
+                                          capped.get(self.windows[i], window), pages,
+                                          None if bounds is None else bounds[i], sinks=self.sinks,
                                           scale=float(attn.scaling), softcap=self.attn_softcap)
             o = attn.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
             if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3: sandwich norms

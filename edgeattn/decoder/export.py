@@ -6,7 +6,9 @@ Inputs (the names onnxruntime-genai uses where the meaning is the same): `input_
 `cache_position` [B] int64 (tokens already in each stream), `attention_window` int64 scalar (0 = the whole
 ring), `past_key_values.{i}.key|value` [B, H_kv, C, D] (C = sinks + the ring, chosen by the runtime).
 Outputs: `logits` [B, S, V], `present.{i}.key|value` [B, H_kv, S, D]: the chunk's rows, which the runtime
-writes into its ring in place (no step copies the cache). The tokenizer, its chat template and the cache
+writes into its ring in place (no step copies the cache). With a page size (`page`, the attention budget) the
+model also reads `attention_pages` (int64 scalar: retrieval pages k, 0 = the window alone) and per layer
+`key_bounds.{i}` [B, H_kv, P, 2, D] (P = ring / page), which the runtime keeps beside its cache. The tokenizer, its chat template and the cache
 geometry travel in the model's metadata, so a bundle built from it can generate on its own.
 """
 
@@ -24,8 +26,8 @@ from edgeattn.decoder import families
 from edgeattn.errors import ConfigError, ModelError
 from edgeattn.optional import require
 
-from edgeattn.decoder.metadata import (DECODER_KEY, POSITION_INPUT, TOKENIZER_KEY, WINDOW_INPUT, past_names,
-                                       present_names)
+from edgeattn.decoder.metadata import (DECODER_KEY, PAGES_INPUT, POSITION_INPUT, TOKENIZER_KEY, WINDOW_INPUT,
+                                       bounds_names, past_names, present_names)
 
 Progress = Callable[[str, float | None], None] | None  # (stage, estimated seconds or None)
 
@@ -36,12 +38,16 @@ class DecoderExportConfig:
     window_max: int = 2048  # the ring the runtime allocates by default (it may choose another size)
     opset: int = 18
     example_seq: int = 8  # example chunk while tracing
+    page: int = 0  # rows per retrieval page of the attention budget (16: Quest's); 0: a model without pages
 
     def __post_init__(self) -> None:
         if self.sinks < 0:
             raise ConfigError(f"sinks: expected >= 0, found {self.sinks}")
         if self.window_max < 16:
             raise ConfigError(f"window_max: expected >= 16, found {self.window_max}")
+        if self.page < 0 or (self.page and self.window_max % self.page):
+            raise ConfigError(f"page: expected 0 (no retrieval pages) or a divisor of window_max "
+                              f"{self.window_max}, found {self.page}")
         if not 18 <= self.opset <= 23:
             raise ConfigError(f"opset: the cached op's body needs 18 to 23, found {self.opset}")
 
@@ -57,7 +63,7 @@ def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str,
         "head_dim": int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads),
         "vocab_size": c.vocab_size,
         "max_positions": int(getattr(c, "max_position_embeddings", 0) or 0),
-        "sinks": config.sinks, "window_max": config.window_max,
+        "sinks": config.sinks, "window_max": config.window_max, "page": config.page,
         "eos_token_ids": eos, "bos_token_id": tokenizer.bos_token_id,
         "add_bos": bool(getattr(tokenizer, "add_bos_token", False)),
         "trained_sliding_window": max((w for w in families.layer_windows(c) if w), default=None),
@@ -116,16 +122,24 @@ def export_decoder_model(model, tokenizer, out: str | Path,
 
     progress = progress or (lambda stage, seconds: None)
     config = effective_config(model.config, config)
-    wrapper = CachedDecoder(model, config.sinks).eval()
+    wrapper = CachedDecoder(model, config.sinks, config.page).eval()
     layers = len(wrapper.layers)
     b, s, cap = 2, config.example_seq, config.sinks + 32  # not 1: torch.export specialises dims of size 1
     ids = torch.randint(0, min(1000, int(families.text_config(model.config).vocab_size)), (b, s), dtype=torch.int64)
     past = [torch.zeros(b, wrapper.kv_heads, cap, wrapper.head_dim) for _ in range(2 * layers)]
-    args = (ids, torch.zeros(b, dtype=torch.int64), torch.tensor(0, dtype=torch.int64), *past)
-    names = ["input_ids", POSITION_INPUT, WINDOW_INPUT, *past_names(layers)]
+    args = (ids, torch.zeros(b, dtype=torch.int64), torch.tensor(0, dtype=torch.int64))
+    names = ["input_ids", POSITION_INPUT, WINDOW_INPUT]
     outputs = ["logits", *present_names(layers)]
-    batch, seq, cache = (torch.export.Dim(n) for n in ("batch", "seq", "cache"))
-    dynamic = ({0: batch, 1: seq}, {0: batch}, None, ({0: batch, 2: cache},) * (2 * layers))  # *past: one entry
+    batch, seq, cache, npages = (torch.export.Dim(n) for n in ("batch", "seq", "cache", "pages"))
+    rest = ({0: batch, 2: cache},) * (2 * layers)  # forward's *rest: one entry (pages, the cache, the bounds)
+    bounds = []
+    if config.page:  # P >= 2 in the example (a dim of size 1 would be specialised; the op is symbolic here)
+        bounds = [torch.zeros(b, wrapper.kv_heads, max(32 // config.page, 2), 2, wrapper.head_dim)
+                  for _ in range(layers)]
+        args, names = args + (torch.tensor(0, dtype=torch.int64),), names + [PAGES_INPUT]
+        rest = (None, *rest) + ({0: batch, 2: npages},) * layers
+    args, names = args + (*past, *bounds), names + past_names(layers) + bounds_names(layers)[:len(bounds)]
+    dynamic = ({0: batch, 1: seq}, {0: batch}, None, rest)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".onnx", dir=out.parent)
@@ -138,7 +152,7 @@ def export_decoder_model(model, tokenizer, out: str | Path,
                                         optimize=True, verbose=False)
         progress("saving", None)
         program.save(tmp)
-        _finish(tmp, decoder_metadata(model, tokenizer, config))
+        _finish(tmp, decoder_metadata(model, tokenizer, config), budget=bool(config.page))
         atomic.publish(tmp, out)  # the umask's mode, not mkstemp's 0600
     except ModelError:
         raise
@@ -150,8 +164,8 @@ def export_decoder_model(model, tokenizer, out: str | Path,
     return out
 
 
-def _finish(path: str, metadata: dict[str, str]) -> None:
-    """Attach the cached op's ONNX body and the metadata."""
+def _finish(path: str, metadata: dict[str, str], budget: bool = False) -> None:
+    """Attach the cached op's ONNX body (its form with the budget's inputs when `budget`) and the metadata."""
     import onnx
     from onnx import helper
 
@@ -162,7 +176,7 @@ def _finish(path: str, metadata: dict[str, str]) -> None:
     model = onnx.load(path, load_external_data=True)
     kept = [f for f in model.functions if not (f.domain == DOMAIN and f.name == CACHED_OP_TYPE)]
     del model.functions[:]
-    model.functions.extend(kept + [cached_function_proto(opset_of(model))])
+    model.functions.extend(kept + [cached_function_proto(opset_of(model), budget=budget)])
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
     if model.ir_version < 9:

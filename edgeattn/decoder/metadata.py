@@ -11,6 +11,7 @@ DECODER_KEY = "edgeattn.decoder"  # JSON: the cache geometry, special tokens, ch
 TOKENIZER_KEY = "edgeattn.tokenizer"  # tokenizer.json (the `tokenizers` format)
 WINDOW_INPUT = "attention_window"
 POSITION_INPUT = "cache_position"
+PAGES_INPUT = "attention_pages"  # the attention budget's retrieval pages k (a model exported with a page size)
 LOGITS_TO_KEEP = "logits_to_keep"  # added by the cpu build (edgeattn.passes.logits_to_keep): 1 = last position only
 GENERATION_FILE = "generation.json"  # in a bundle: DECODER_KEY's JSON
 TOKENIZER_FILE = "tokenizer.json"
@@ -18,6 +19,11 @@ TOKENIZER_FILE = "tokenizer.json"
 
 def past_names(layers: int) -> list[str]:
     return [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+
+
+def bounds_names(layers: int) -> list[str]:
+    """The attention budget's key bounds inputs, [B, H_kv, P, 2, D] per layer."""
+    return [f"key_bounds.{i}" for i in range(layers)]
 
 
 def present_names(layers: int) -> list[str]:

@@ -12,7 +12,9 @@ import json
 import numpy as np
 
 from edgeattn.attention.ring import RingLayout
-from edgeattn.decoder.metadata import GENERATION_FILE, LOGITS_TO_KEEP, TOKENIZER_FILE, past_names, present_names
+from edgeattn.attention.budget import AttentionBudget
+from edgeattn.decoder.metadata import (GENERATION_FILE, LOGITS_TO_KEEP, PAGES_INPUT, TOKENIZER_FILE, bounds_names,
+                                       past_names, present_names)
 from edgeattn.errors import BundleError, ConfigError, InputError
 from edgeattn.runtime.generation.cache import KVCache
 from edgeattn.runtime.generation.fast_path import eligible
@@ -38,6 +40,10 @@ class DecoderModel:
         self.vocab_size = int(info["vocab_size"])
         self.layers = int(info["layers"])
         self._past, self._present = past_names(self.layers), present_names(self.layers)
+        self.page = int(info.get("page") or 0)  # rows per retrieval page; 0: a model that reads the window only
+        if self.page:
+            self.layout.check_page(self.page)
+        self._bounds = bounds_names(self.layers) if self.page else []
         self.backend = None
         self._keeps_logits = False
         self._linear = None  # the bundle's linear model (linear_path), opened at the first step that can use it
@@ -70,10 +76,29 @@ class DecoderModel:
 
     def new_cache(self, streams: int = 1) -> KVCache:
         return KVCache(layers=self.layers, kv_heads=int(self.info["kv_heads"]), head_dim=int(self.info["head_dim"]),
-                       layout=self.layout, streams=streams)
+                       layout=self.layout, streams=streams, page=self.page)
 
     def check_window(self, window: int) -> int:
         return self.layout.check_window(window)
+
+    def check_pages(self, pages) -> int:
+        """Retrieval pages k as an int: 0 always; k > 0 only for a model that reads key bounds."""
+        if isinstance(pages, bool) or not isinstance(pages, (int, np.integer)) or int(pages) < 0:
+            raise ConfigError(f"pages: expected an integer >= 0, found {pages!r}")
+        if pages and not self.page:
+            raise ConfigError(f"attention budget: expected a decoder bundle whose model reads retrieval pages "
+                              f"(inputs {PAGES_INPUT} and key_bounds.*), found one without them (exported before "
+                              f"the attention budget, or without a page size): run it with pages 0 (a window), or "
+                              f"export it again with DecoderExportConfig(page=16)")
+        return int(pages)
+
+    def check_budget(self, budget: AttentionBudget) -> AttentionBudget:
+        """A budget this model runs as given (window, pages, and this model's page size), else ConfigError."""
+        self.check_window(budget.window)
+        if self.check_pages(budget.pages) and budget.page != self.page:
+            raise ConfigError(f"attention budget: expected pages of {self.page} rows (the model's key bounds), "
+                              f"found {budget.page}")
+        return budget
 
     def check_cache(self, cache: KVCache) -> None:
         want = (int(self.info["kv_heads"]), self.layout.capacity, int(self.info["head_dim"]))
@@ -84,11 +109,12 @@ class DecoderModel:
                               f"{list(found) if found else 'nothing'} ({cache.layout})")
 
     def step(self, cache: KVCache, streams: list[int], ids: np.ndarray, window: int, *,
-             last_only: bool = False) -> np.ndarray:
+             last_only: bool = False, pages: int = 0) -> np.ndarray:
         """ids: [len(streams), S] -> logits [len(streams), S, V]; the streams advance by S tokens.
 
         `last_only`: logits of the chunk's last position only, [len(streams), 1, V]; a bundle built with the
-        `logits-to-keep` input then runs its LM head for that position alone."""
+        `logits-to-keep` input then runs its LM head for that position alone. `pages`: the attention budget's
+        retrieval pages k beyond the window (a model exported with a page size; `check_pages`)."""
         if self.backend is None:
             raise BundleError("decoder is not active: call activate() first")
         if not len(streams):
@@ -103,15 +129,22 @@ class DecoderModel:
             raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {low}..{high}")
         consecutive = len(streams) == 1 or list(streams) == list(range(streams[0], streams[0] + len(streams)))
         index = slice(streams[0], streams[0] + len(streams)) if consecutive else np.asarray(streams)
-        window = self.check_window(window)
+        window, pages = self.check_window(window), self.check_pages(pages)
         if self.fast_path and consecutive and eligible(self.layout.sinks, self.layout.window_max,
                                                        cache.positions[index], ids.shape[1], window,
                                                        self.fast_path_positions):
+            # inside the window no past row is a page candidate: pages change nothing here
+            before = cache.positions[index].copy()
             logits = self._linear_path().step(cache, streams[0], ids, window, last_only)
+            for stream, start in zip(streams, before) if self.page else ():
+                cache.update_bounds(stream, int(start), ids.shape[1])  # the fast path wrote rows, not bounds
             return logits[:, -1:] if last_only else logits
         feeds = {"input_ids": ids, "cache_position": cache.positions[index].copy(),
-                 "attention_window": np.array(self.check_window(window), dtype=np.int64)}
+                 "attention_window": np.array(window, dtype=np.int64)}
         feeds.update(zip(self._past, cache.past(index)))
+        if self.page:
+            feeds[PAGES_INPUT] = np.array(pages, dtype=np.int64)
+            feeds.update(zip(self._bounds, cache.past_bounds(index)))
         if self._keeps_logits:
             feeds[LOGITS_TO_KEEP] = np.array(1 if last_only else 0, dtype=np.int64)
         outs = self.backend.infer(feeds)
