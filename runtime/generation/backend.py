@@ -15,6 +15,12 @@ device is a new backend, never a new loop.
 - `step(cache, streams, ids, window, last_only=)`: ids [len(streams), S] -> float logits [len(streams), S, V]
   ([len(streams), 1, V] with `last_only`); those streams advance by S.
 
+A backend whose model reads retrieval pages beyond the window (the attention budget, `AttentionBudget`:
+window W + k pages, docs/windowed-attention.md) is a `BudgetBackend`: its `step` (and `step_sample`, `prefill`
+where it has them) takes the keyword `pages: int = 0` (k; 0 is the window alone, exactly as without it), `page`
+says its rows per page, and `check_budget(budget)` returns a budget it runs as given, else ConfigError (a model
+exported without key bounds refuses k > 0 and says what is missing).
+
 The engine calls `step` with the decoding streams as consecutive rows from 0 (a backend may feed views of the
 cache, or replay a captured graph per row count), with one stream for a prefill chunk, and always with
 `last_only=True`.
@@ -33,6 +39,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from edgeattn.attention.budget import AttentionBudget
 from edgeattn.attention.ring import RingLayout
 from edgeattn.runtime.generation.cache import StreamPositions
 from edgeattn.runtime.generation.sampling import SamplingConfig
@@ -56,6 +63,16 @@ class DecoderBackend(Protocol):
 
     def step(self, cache: StreamPositions, streams: list[int], ids: np.ndarray, window: int, *,
              last_only: bool = False) -> np.ndarray: ...
+
+
+@runtime_checkable
+class BudgetBackend(DecoderBackend, Protocol):
+    page: int  # rows per retrieval page of the model's key bounds (0: it reads the window only)
+
+    def check_budget(self, budget: AttentionBudget) -> AttentionBudget: ...
+
+    def step(self, cache: StreamPositions, streams: list[int], ids: np.ndarray, window: int, *,
+             last_only: bool = False, pages: int = 0) -> np.ndarray: ...
 
 
 @runtime_checkable
