@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx.inliner
+import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -19,7 +20,7 @@ from onnx_fixtures import requires_torch
 CHUNKS = [3, 1, 2, 1, 4, 1, 1, 1, 2, 1, 1, 3, 1, 1, 2, 1, 1, 1, 1, 3, 1, 1, 2, 1, 1]  # 38 tokens
 
 
-def _model(sinks: int, budget: bool, dtype=TensorProto.FLOAT) -> onnx.ModelProto:
+def _model(sinks: int, budget: bool, dtype=TensorProto.FLOAT, pages_max: int = 0) -> onnx.ModelProto:
     i = TensorProto.INT64
     names = CACHED_INPUTS + (BUDGET_INPUTS if budget else ())
     ins = [helper.make_tensor_value_info(n, dtype, [f"{n}_{j}" for j in range(4)]) for n in CACHED_INPUTS[:6]]
@@ -30,7 +31,7 @@ def _model(sinks: int, budget: bool, dtype=TensorProto.FLOAT) -> onnx.ModelProto
     graph = helper.make_graph([make_cached_node(list(names), out="out", sinks=sinks)], "g", ins,
                               [helper.make_tensor_value_info("out", dtype, ["b", "h", "s", "d"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
-    model.functions.append(cached_function_proto(18, budget=budget))
+    model.functions.append(cached_function_proto(18, budget=budget, pages_max=pages_max))
     model.ir_version = 9
     onnx.checker.check_model(model)
     return model
@@ -163,3 +164,22 @@ def test_the_cpu_lowering_keeps_a_budget_node_and_says_why():
     result = LowerCachedAttentionForCpu()(model, PassContext(get_target("cpu")))
     assert result.details["lowered"] == 0 and len(result.problems) == 1
     assert "kept as the op" in result.problems[0] and "attention budget's pages" in result.problems[0]
+
+
+def test_a_constant_k_max_with_a_mask_reads_what_a_run_time_k_reads():
+    """The form for parsers that want TopK's k constant: k_max = 3, any k <= 3 at run time."""
+    rng = np.random.default_rng(4)
+    sinks, wmax, page, window = 2, 16, 4, 3
+    sess = _session(_model(sinks, True, pages_max=3))
+    for feeds, pos in _walk(rng, 2, 4, 2, 8, sinks, wmax, CHUNKS):
+        bounds = page_bounds_np(feeds["past_key"], pos, sinks, page)
+        for pages in (0, 1, 3):
+            got = sess.run(None, {**feeds, "window": np.array(window, np.int64), "pages": np.array(pages, np.int64),
+                                  "key_bounds": bounds})[0]
+            want = cached_attention_np(*(feeds[x] for x in CACHED_INPUTS[:6]), pos, window, sinks=sinks,
+                                       pages=pages, page=page, key_bounds=bounds)
+            np.testing.assert_allclose(got, want, atol=2e-5)
+    body = cached_function_proto(18, budget=True, pages_max=3).node
+    (topk,) = [n for n in body if n.op_type == "TopK"]
+    (k_node,) = [n for n in body if topk.input[1] in n.output]
+    assert k_node.op_type == "Constant" and onnx.numpy_helper.to_array(k_node.attribute[0].t).tolist() == [3]

@@ -27,7 +27,7 @@ BUDGET_INPUTS = ("pages", "key_bounds")  # the attention budget's optional input
 CACHED_ATTRIBUTES = {"sinks": 0, "scale": 0.0, "softcap": 0.0, "plugin_namespace": DOMAIN}
 
 
-def _build_cached(b: _Body, budget: bool = False) -> str:
+def _build_cached(b: _Body, budget: bool = False, pages_max: int = 0) -> str:
     """Shapes in comments: G = H / H_kv, N = ring rows read (<= W), NS = max(sinks, 1) sink rows read.
     budget: the body also reads the inputs `pages` and `key_bounds` (a fourth group of keys, `_page_group`)."""
     i0, i1 = b.const(0), b.const(1)
@@ -96,7 +96,7 @@ def _build_cached(b: _Body, budget: bool = False) -> str:
         scores.append(b.Add(b.Reshape(s, b.vec(bsz, hkv, g, sq, b.const(-1))), bias))  # [B, H_kv, G, S, L]
     if budget:
         dims = dict(bsz=bsz, hkv=hkv, g=g, sq=sq, d=d, c=c, wmax=wmax, sinks=sinks, w=w, pos=pos, bh=bh, qi=qi)
-        page_scores, page_values = _page_group(b, qf, scale, pk, pv, capped, **dims)
+        page_scores, page_values = _page_group(b, qf, scale, pk, pv, capped, pages_max=pages_max, **dims)
     m = scores[0]
     m = b.reduce("ReduceMax", scores[0], -1)
     for s in scores[1:] + ([page_scores] if budget else []):
@@ -124,16 +124,18 @@ def _top_k(b: _Body, x: str, k: str) -> tuple[str, str]:
     return values, indices
 
 
-def _page_group(b: _Body, qf, scale, pk, pv, capped, *, bsz, hkv, g, sq, d, c, wmax, sinks, w, pos, bh, qi):
+def _page_group(b: _Body, qf, scale, pk, pv, capped, *, pages_max, bsz, hkv, g, sq, d, c, wmax, sinks, w, pos, bh,
+                qi):
     """The budget's pages: per query and KV head, TopK of the candidate pages' bound scores, then the chosen
-    pages' rows gathered (R = k' * page rows a query, k' = max(min(k, P), 1)). -> scores [B, H_kv, G, S, R]
-    (masked to -inf where a row is not read) and values [B, H_kv, S, R, D]."""
+    pages' rows gathered (R = k' * page rows a query, k' = max(min(k, P), 1), or the constant pages_max when
+    given: TensorRT's parser wants TopK's k constant). -> scores [B, H_kv, G, S, R] (masked to -inf where a row
+    is not read) and values [B, H_kv, S, R, D]."""
     i0, i1 = b.const(0), b.const(1)
     kb = b.Cast("key_bounds", to=TensorProto.FLOAT)  # [B, H_kv, P, 2, D]
     npages = b.dim(b.Shape("key_bounds"), 2)
     page = b.Div(wmax, npages)  # the bounds' pages cut the ring evenly (page divides W_max)
     k = b.Reshape("pages", b.const([], np.int64))
-    kk = b.Max(b.Min(k, npages), i1)  # at least one page: zero-sized tensors break older ORT
+    kk = b.const(pages_max) if pages_max else b.Max(b.Min(k, npages), i1)  # >= 1: zero-sized tensors break old ORT
     # candidates, from positions alone: past ring rows p in [lo, hi], hi = min(pos - 1, t - W), cover the ring
     # offsets [s0, s0 + L) mod W_max; page j (offsets [j*page, (j+1)*page)) holds one iff either interval's
     # start lies in the other
@@ -154,7 +156,8 @@ def _page_group(b: _Body, qf, scale, pk, pv, capped, *, bsz, hkv, g, sq, d, c, w
                   b.MatMul(b.Min(qr, zero), b.Transpose(lo_b, perm=[0, 1, 3, 2])))  # [B, H_kv, G*S, P]
     bound = b.ReduceMax(b.Reshape(bound, b.vec(bsz, hkv, g, sq, npages)), b.const([2]), keepdims=0)  # [B,H_kv,S,P]
     neg_inf = b.const(-np.inf, np.float32)
-    best, chosen = _top_k(b, b.Where(cand, bound, neg_inf), b.Unsqueeze(kk, b.const([0])))  # [B, H_kv, S, k']
+    k_in = b.const([pages_max]) if pages_max else b.Unsqueeze(kk, b.const([0]))  # a Constant node for TensorRT
+    best, chosen = _top_k(b, b.Where(cand, bound, neg_inf), k_in)  # [B, H_kv, S, k']
     taken = b.And(b.Greater(best, neg_inf), b.Less(b.Range(i0, kk, i1), k))  # a candidate, and one of the k
     # the chosen pages' rows: ring offset o = page index * page + r; the position it holds, from pos
     o = b.Add(b.Unsqueeze(b.Mul(chosen, page), b.const([4])), b.Range(i0, page, i1))  # [B, H_kv, S, k', page]
@@ -175,14 +178,19 @@ def _page_group(b: _Body, qf, scale, pk, pv, capped, *, bsz, hkv, g, sq, d, c, w
     return b.Transpose(s, perm=[0, 1, 3, 2, 4]), vp  # [B, H_kv, G, S, R], [B, H_kv, S, R, D]
 
 
-def cached_function_proto(opset: int = 18, *, budget: bool = False) -> onnx.FunctionProto:
+def cached_function_proto(opset: int = 18, *, budget: bool = False, pages_max: int = 0) -> onnx.FunctionProto:
     """The local function edgeattn::CachedWindowedAttention against the default-domain `opset` (>= 18).
-    budget: the form with the attention budget's inputs `pages` and `key_bounds` (BUDGET_INPUTS)."""
+    budget: the form with the attention budget's inputs `pages` and `key_bounds` (BUDGET_INPUTS).
+    pages_max > 0 (with budget): TopK takes that constant k_max and masks the pages past the run-time k, for
+    parsers that want TopK's k constant (TensorRT); the ring must hold at least pages_max pages, and a k above
+    pages_max reads pages_max pages."""
     if opset < 18:
         raise ValueError(f"the cached op's body needs opset >= 18, found {opset}")
+    if pages_max < 0 or (pages_max and not budget):
+        raise ValueError(f"pages_max: expected 0, or >= 1 with budget=True, found {pages_max}")
     b = _Body(opset)
     inputs = CACHED_INPUTS + (BUDGET_INPUTS if budget else ())
-    return make_function(b, _build_cached(b, budget), CACHED_OP_TYPE, inputs, CACHED_ATTRIBUTES)
+    return make_function(b, _build_cached(b, budget, pages_max), CACHED_OP_TYPE, inputs, CACHED_ATTRIBUTES)
 
 
 def make_cached_node(inputs: list[str], *, out: str, sinks: int, scale: float = 0.0, softcap: float = 0.0,
