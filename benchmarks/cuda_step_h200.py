@@ -2,7 +2,10 @@
 64, context 8,192 (and 1,024 at batch 1), windows full / 1024 / 256, per compile mode; Hugging Face `generate`
 with a static cache and the earlier TorchDecoderModel in the same run (generation_h200.decode_speed).
 
-    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole] [--parts ...] [--smoke]
+    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused] [--parts ...] [--smoke]
+
+`--parts fused` checks the fused step (hand-written Triton kernels) against the eager step on the 30-layer shape:
+logits and greedy tokens over 64 steps, a wrapping ring at a window below the ring, batch 4 with staggered streams.
 
 SmolLM2-135M's shape with random weights (speed does not depend on them). Times are CUDA-event medians of graph
 replays (GPU time a step) and, separately, the host's wall time a step including the input copies.
@@ -58,7 +61,7 @@ def correctness(device, smoke):
     w = PackedDecoder.from_hf(model, sinks=4, window_max=64)
     out = {}
     tokens = torch.randint(3, 40000, (4, 100), device=device)
-    for mode in ("none", "layers", "linked", "whole"):
+    for mode in ("none", "layers", "linked", "whole", "fused"):
         k1, v1 = w.new_cache(4)
         k2, v2 = w.new_cache(4)
         graph = DecodeGraph(w, k2, v2, batch=4, splits=1, compile=mode)
@@ -72,6 +75,73 @@ def correctness(device, smoke):
                      "seconds": time.perf_counter() - t0}
         print("correctness", mode, out[mode], flush=True)
     return out
+
+
+def fused_check(device, smoke, steps=64):
+    """The fused step's graph (logits, and greedy) against the eager step (decode_logits), 30 layers, bf16: the
+    largest logit difference relative to the largest logit, and the steps whose greedy tokens agree (inputs: the
+    eager step's own greedy tokens, so one disagreement does not change the later inputs)."""
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    out = {}
+    for window_max, window in ((32, 16), (256, 0), (256, 64)):
+        w = PackedDecoder.from_hf(model, sinks=4, window_max=window_max)
+        caches = [w.new_cache(4) for _ in range(3)]
+        logits_step = DecodeGraph(w, *caches[1], batch=4, splits=0, compile="fused", greedy=False)
+        greedy_step = DecodeGraph(w, *caches[2], batch=4, splits=0, compile="fused", greedy=True)
+        tok = torch.randint(3, 40000, (4,), device=device)
+        worst, same, same_logits_argmax = 0.0, 0, 0
+        with torch.no_grad():
+            for p in range(steps):
+                pos = torch.tensor([p, p + 7, p + 30, max(p - 3, 0)], device=device)
+                want = decode_logits(w, tok, pos, torch.tensor(window, device=device), *caches[0])
+                got = logits_step(tok, pos, window).clone()
+                ids = greedy_step(tok, pos, window)
+                worst = max(worst, float((got.float() - want.float()).abs().max() / want.float().abs().max()))
+                same += int(torch.equal(ids, want.argmax(-1)))
+                same_logits_argmax += int(torch.equal(got.argmax(-1), want.argmax(-1)))
+                tok = want.argmax(-1)
+        row = {"window_max": window_max, "window": window, "steps": steps, "logits_max_rel_diff": worst,
+               "greedy_steps_equal": same, "logits_argmax_steps_equal": same_logits_argmax,
+               "cache_max_abs_diff": float((caches[0][0][-1].float() - caches[2][0][-1].float()).abs().max())}
+        out[f"ring{window_max}-w{window}"] = row
+        print("fused", row, flush=True)
+    return out
+
+
+def tile_sweep(device, smoke):
+    """GPU time of the fused step with other tiles (fused_decode.FUSED_TILES), batch 1 and 64, context 8,192,
+    W=1024: which tiles the table should hold."""
+    import dataclasses
+
+    from edgeattn.plugins.kernels import fused_decode as fk
+
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    table, rows = fk.FUSED_TILES, []
+    for batch, changes in ((1, [{}, {"block_n_hidden": 8}, {"block_n_hidden": 32}, {"block_n_vocab": 32},
+                               {"block_n_vocab": 128}, {"pairs": 4}, {"pairs": 16}, {"warps": 2},
+                               {"block_k": 128}]),
+                           (64, [{}, {"block_n_hidden": 16}, {"block_n_inter": 32}, {"warps": 8}, {"block_k": 32}])):
+        w = PackedDecoder.from_hf(model, sinks=4, window_max=8192)
+        keys, values = w.new_cache(batch)
+        ids, pos = torch.full((batch,), 5, dtype=torch.int64), torch.full((batch,), 8192, dtype=torch.int64)
+        splits = cached_decode_splits(batch * w.shape.kv_heads, 4, 1024, sms)
+        for change in changes:
+            tiles = dataclasses.replace(fk.fused_tiles(batch), **change)
+            fk.FUSED_TILES = ((1 << 30, tiles),)
+            try:
+                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile="fused")
+                step(ids, pos, 1024)
+                row = {"batch": batch, "change": change, "graph_replay_ms": replay_ms(step.graph)}
+            except Exception as exc:  # a tile the compiler refuses: say so, keep sweeping
+                row = {"batch": batch, "change": change, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            finally:
+                fk.FUSED_TILES = table
+            print("tiles", json.dumps(row), flush=True)
+            rows.append(row)
+        del keys, values
+        torch.cuda.empty_cache()
+    return rows
 
 
 def hf_parity(device, smoke, n_new=128):
@@ -129,14 +199,15 @@ def speed(device, smoke, modes):
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 del step
-            if window == 1024 and "layers" in modes:  # the same step sampling on the device (top-p 0.9, T 0.8)
+            for mode in [m for m in ("layers", "fused") if m in modes and window == 1024]:
+                # the same step sampling on the device (top-p 0.9, T 0.8)
                 params = DeviceSampling.for_streams(batch, device)
                 for r in range(batch):
                     params.set(r, SamplingConfig(temperature=0.8, top_p=0.9, seed=r))
-                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile="layers", sampling=params)
+                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode, sampling=params)
                 step(ids, pos, window)
                 gpu, host = replay_ms(step.graph), host_ms(step, ids, pos, window)
-                row = {"engine": "edgeattn cuda step (layers, sampled)", "batch": batch, "context": ctx,
+                row = {"engine": f"edgeattn cuda step ({mode}, sampled)", "batch": batch, "context": ctx,
                        "window": window, "splits": splits, "graph_replay_ms": gpu, "host_ms_per_step": host,
                        "tokens_per_s": batch / (host / 1e3)}
                 print(json.dumps(row), flush=True)
@@ -220,7 +291,7 @@ def prefill_ttft(device, smoke):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_step_h200.json"))
-    ap.add_argument("--modes", default="none,layers,linked")
+    ap.add_argument("--modes", default="none,layers,linked,fused")
     ap.add_argument("--parts", default="correctness,speed,backend,prefill,parity,peers")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -229,6 +300,8 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     parts = {"correctness": lambda: correctness(device, args.smoke),
              "parity": lambda: hf_parity(device, args.smoke),
+             "fused": lambda: fused_check(device, args.smoke),
+             "tiles": lambda: tile_sweep(device, args.smoke),
              "speed": lambda: speed(device, args.smoke, args.modes.split(",")),
              "backend": lambda: backend_steps(device, args.smoke),
              "prefill": lambda: prefill_ttft(device, args.smoke),

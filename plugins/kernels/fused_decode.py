@@ -35,29 +35,22 @@ LOG2E_F = 1.4426950408889634  # 1/ln 2 (host side)
 
 # --- device functions ---------------------------------------------------------------------------------------------
 @triton.jit
-def _dot_t(x, w, IEEE: tl.constexpr):
-    """x [BB, BK] @ w[BN, BK]^T -> [BB, BN] float32; IEEE: full float32 products (float32 weights, tests)."""
-    if IEEE:
-        return tl.dot(x, tl.trans(w), input_precision="ieee")
-    return tl.dot(x, tl.trans(w))
-
-
-@triton.jit
-def _rstd(X, x_rows, row_ok, K, eps, BLOCK_K: tl.constexpr):
-    """1 / RMS of the rows at element offsets x_rows [BB] (int64) of X, over K features: [BB] float32."""
-    ss = tl.zeros([x_rows.shape[0]], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+def _rstd(X, x_rows, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+    """1 / RMS of the rows at element offsets x_rows [BB] (int64) of X, over K features: [BB] float32. The loop is
+    unrolled (K is a compile-time shape), so every load is in flight at once."""
+    ss = tl.zeros([x_rows.shape[0], BLOCK_K], dtype=tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(X + x_rows[:, None] + offs[None, :], mask=row_ok[:, None] & (offs < K)[None, :], other=0.0)
         x = x.to(tl.float32)
-        ss += tl.sum(x * x, 1)
-    return 1.0 / tl.sqrt(ss / K + eps)
+        ss += x * x
+    return 1.0 / tl.sqrt(tl.sum(ss, 1) / K + eps)
 
 
 @triton.jit
-def _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, NORM: tl.constexpr):
+def _x_block(X, x_rows, row_ok, offs, K: tl.constexpr, rstd, LnW, NORM: tl.constexpr):
     """The [BB, BK] block of the input at features offs, normed (RMSNorm, rounded as the eager step rounds) when
-    NORM, in the weights' dtype."""
+    NORM."""
     kmask = offs < K
     x = tl.load(X + x_rows[:, None] + offs[None, :], mask=row_ok[:, None] & kmask[None, :], other=0.0)
     if NORM:
@@ -67,10 +60,56 @@ def _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, NORM: tl.constexpr):
 
 
 @triton.jit
-def _rope_pair(lo, hi, t, InvFreq, rope_scale, HALF: tl.constexpr):
-    """Hugging Face's rotate_half rotation at positions t [BB] of a head held as its two halves [BB, HALF]."""
-    j = tl.arange(0, HALF)
-    ang = t.to(tl.float32)[:, None] * tl.load(InvFreq + j)[None, :]
+def _products(X, x_rows, row_ok, rstd, LnW, W, n_a, n_b, n_ok, K: tl.constexpr, NORM: tl.constexpr,
+              TWO: tl.constexpr, IEEE: tl.constexpr, GEMV: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x [BB, K] (rows at x_rows, normed when NORM) times the weight rows n_a (and n_b when TWO) [BN] of W [*, K]:
+    ([BB, BN], [BB, BN]) float32 (the second zeros without TWO).
+
+    GEMV (BB == 1): elementwise products summed once at the end, the loop unrolled so that every weight load is
+    in flight at once (a step of a few streams waits on memory latency, not on arithmetic). Otherwise tl.dot tiles,
+    a small matrix product per program."""
+    BN: tl.constexpr = n_a.shape[0]
+    if GEMV:
+        acc_a = tl.zeros([BN, BLOCK_K], dtype=tl.float32)
+        acc_b = tl.zeros([BN, BLOCK_K], dtype=tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            wmask = n_ok[:, None] & (offs < K)[None, :]
+            x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, NORM)
+            w_a = tl.load(W + n_a[:, None] * K + offs[None, :], mask=wmask, other=0.0)
+            x = x.to(w_a.dtype).to(tl.float32)  # [1, BK]
+            acc_a += w_a.to(tl.float32) * x
+            if TWO:
+                w_b = tl.load(W + n_b[:, None] * K + offs[None, :], mask=wmask, other=0.0)
+                acc_b += w_b.to(tl.float32) * x
+        return tl.sum(acc_a, 1)[None, :], tl.sum(acc_b, 1)[None, :]
+    else:
+        acc_a = tl.zeros([x_rows.shape[0], BN], dtype=tl.float32)
+        acc_b = tl.zeros([x_rows.shape[0], BN], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs = k0 + tl.arange(0, BLOCK_K)
+            wmask = n_ok[:, None] & (offs < K)[None, :]
+            x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, NORM)
+            w_a = tl.load(W + n_a[:, None] * K + offs[None, :], mask=wmask, other=0.0)
+            x = x.to(w_a.dtype)
+            if IEEE:
+                acc_a += tl.dot(x, tl.trans(w_a), input_precision="ieee")
+            else:
+                acc_a += tl.dot(x, tl.trans(w_a))
+            if TWO:
+                w_b = tl.load(W + n_b[:, None] * K + offs[None, :], mask=wmask, other=0.0)
+                if IEEE:
+                    acc_b += tl.dot(x, tl.trans(w_b), input_precision="ieee")
+                else:
+                    acc_b += tl.dot(x, tl.trans(w_b))
+        return acc_a, acc_b
+
+
+@triton.jit
+def _rope_pair(lo, hi, t, InvFreq, d, rope_scale):
+    """Hugging Face's rotate_half rotation at positions t [BB] of pairs (d, d + D/2) of a head, held as lo, hi
+    [BB, P] (d: [P], the pairs' first indices)."""
+    ang = t.to(tl.float32)[:, None] * tl.load(InvFreq + d)[None, :]
     c = tl.cos(ang) * rope_scale
     s = tl.sin(ang) * rope_scale
     return lo * c - hi * s, hi * c + lo * s
@@ -80,15 +119,19 @@ def _rope_pair(lo, hi, t, InvFreq, rope_scale, HALF: tl.constexpr):
 @triton.jit
 def _qkv_rope_kernel(
     X, Ids, Hout, LnW, W, Bias, QN, KN, InvFreq, Pos, Window, Q, QS, KC, VC,
-    B, K, stride_x, H, H_kv, sinks, wmax, stride_cb, stride_ch, stride_cn, eps, rope_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, FROM_IDS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, IEEE: tl.constexpr,
+    B, stride_x, H, H_kv, sinks, wmax, stride_cb, stride_ch, stride_cn, eps, rope_scale,
+    K: tl.constexpr, HEAD_DIM: tl.constexpr, PAIRS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
+    FROM_IDS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, IEEE: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
     # x: [B, K] (FROM_IDS: the embedding table [V, K], rows ids[b]); w: [(H + 2 H_kv) * D, K]; q, qs: [B, H, D];
     # kc, vc: [B', H_kv, C, D]; pos: [B] int64 (tokens before this one); window: [] int64 (<= 0: the whole ring)
-    # grid (H + 2 H_kv, cdiv(B, BLOCK_B)): program (j, .) makes head j of the packed Q/K/V rows
+    # grid ((H + 2 H_kv) * D / (2 PAIRS), cdiv(B, BLOCK_B)): program (i, .) makes PAIRS rotation pairs (d, d + D/2)
+    # of head j = i // (D / 2 PAIRS) of the packed Q/K/V rows (HAS_QK_NORM: the whole head, PAIRS = D / 2)
     HALF: tl.constexpr = HEAD_DIM // 2
-    j = tl.program_id(0)
+    PER_HEAD: tl.constexpr = HALF // PAIRS
+    j = tl.program_id(0) // PER_HEAD
+    d = (tl.program_id(0) % PER_HEAD) * PAIRS + tl.arange(0, PAIRS)  # d: [P], the pairs' first indices
     bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = bs < B
     if FROM_IDS:
@@ -96,27 +139,21 @@ def _qkv_rope_kernel(
     else:
         x_rows = bs.to(tl.int64) * stride_x
     rstd = _rstd(X, x_rows, row_ok, K, eps, BLOCK_K)
-    n_lo = j * HEAD_DIM + tl.arange(0, HALF)
-    acc_lo = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
-    acc_hi = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, True)
-        kmask = (offs < K)[None, :]
-        w_lo = tl.load(W + n_lo.to(tl.int64)[:, None] * K + offs[None, :], mask=kmask, other=0.0)
-        w_hi = tl.load(W + (n_lo + HALF).to(tl.int64)[:, None] * K + offs[None, :], mask=kmask, other=0.0)
-        acc_lo += _dot_t(x.to(w_lo.dtype), w_lo, IEEE)
-        acc_hi += _dot_t(x.to(w_lo.dtype), w_hi, IEEE)
-        if FROM_IDS:  # the residual stream starts as the embedding rows: one program column writes it
-            if j == 0:
-                xr = tl.load(X + x_rows[:, None] + offs[None, :], mask=row_ok[:, None] & kmask, other=0.0)
-                tl.store(Hout + bs.to(tl.int64)[:, None] * K + offs[None, :], xr, mask=row_ok[:, None] & kmask)
+    n_lo = (j * HEAD_DIM + d).to(tl.int64)
+    acc_lo, acc_hi = _products(X, x_rows, row_ok, rstd, LnW, W, n_lo, n_lo + HALF, d < HALF, K, True, True, IEEE,
+                               GEMV, BLOCK_K)
+    if FROM_IDS:  # the residual stream starts as the embedding rows: one program column writes it
+        if tl.program_id(0) == 0:
+            for k0 in tl.static_range(0, K, BLOCK_K):
+                offs = k0 + tl.arange(0, BLOCK_K)
+                m = row_ok[:, None] & (offs < K)[None, :]
+                xr = tl.load(X + x_rows[:, None] + offs[None, :], mask=m, other=0.0)
+                tl.store(Hout + bs.to(tl.int64)[:, None] * K + offs[None, :], xr, mask=m)
     if HAS_BIAS:
         acc_lo += tl.load(Bias + n_lo).to(tl.float32)[None, :]
         acc_hi += tl.load(Bias + n_lo + HALF).to(tl.float32)[None, :]
     lo = acc_lo.to(Q.dtype.element_ty).to(tl.float32)  # the eager step rounds the product to the model's dtype
     hi = acc_hi.to(Q.dtype.element_ty).to(tl.float32)
-    d = tl.arange(0, HALF)
     t = tl.load(Pos + bs, mask=row_ok, other=0).to(tl.int32)  # [BB]: the new token's position
     w = tl.load(Window).to(tl.int32)
     w = tl.where((w <= 0) | (w > wmax), wmax, w)
@@ -130,12 +167,12 @@ def _qkv_rope_kernel(
                 g_lo, g_hi = tl.load(KN + d).to(tl.float32), tl.load(KN + d + HALF).to(tl.float32)
             lo = (lo * r[:, None]).to(Q.dtype.element_ty).to(tl.float32) * g_lo[None, :]
             hi = (hi * r[:, None]).to(Q.dtype.element_ty).to(tl.float32) * g_hi[None, :]
-        r_lo, r_hi = _rope_pair(lo, hi, t, InvFreq, rope_scale, HALF)
+        r_lo, r_hi = _rope_pair(lo, hi, t, InvFreq, d, rope_scale)
         if j < H:  # a query head: at t, and at min(t, sinks + W) for the sink rows
             q_off = bs.to(tl.int64)[:, None] * (H * HEAD_DIM) + j * HEAD_DIM + d[None, :]
             tl.store(Q + q_off, r_lo.to(Q.dtype.element_ty), mask=ok)
             tl.store(Q + q_off + HALF, r_hi.to(Q.dtype.element_ty), mask=ok)
-            s_lo, s_hi = _rope_pair(lo, hi, tl.minimum(t, sinks + w), InvFreq, rope_scale, HALF)
+            s_lo, s_hi = _rope_pair(lo, hi, tl.minimum(t, sinks + w), InvFreq, d, rope_scale)
             tl.store(QS + q_off, s_lo.to(QS.dtype.element_ty), mask=ok)
             tl.store(QS + q_off + HALF, s_hi.to(QS.dtype.element_ty), mask=ok)
         else:
@@ -155,21 +192,18 @@ def _qkv_rope_kernel(
 
 @triton.jit
 def _linear_residual_kernel(
-    X, W, Hres, B, K, N, stride_x,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    X, W, Hres, B, N, stride_x,
+    K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
     # x: [B, K]; w: [N, K]; h: [B, N], updated in place: h += round(x @ w^T); grid (cdiv(N, BLOCK_N), cdiv(B, BLOCK_B))
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok, n_ok = bs < B, ns < N
     x_rows = bs.to(tl.int64) * stride_x
-    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = _x_block(X, x_rows, row_ok, offs, K, acc, W, False)
-        w = tl.load(W + ns.to(tl.int64)[:, None] * K + offs[None, :], mask=n_ok[:, None] & (offs < K)[None, :],
-                    other=0.0)
-        acc += _dot_t(x.to(w.dtype), w, IEEE)
+    rstd = tl.zeros([BLOCK_B], dtype=tl.float32)  # no norm
+    n = tl.where(n_ok, ns, 0).to(tl.int64)
+    acc, _ = _products(X, x_rows, row_ok, rstd, W, W, n, n, n_ok, K, False, False, IEEE, GEMV, BLOCK_K)
     h_off = bs.to(tl.int64)[:, None] * N + ns[None, :]
     ok = row_ok[:, None] & n_ok[None, :]
     h = tl.load(Hres + h_off, mask=ok, other=0.0)
@@ -178,8 +212,9 @@ def _linear_residual_kernel(
 
 @triton.jit
 def _gate_up_kernel(
-    X, LnW, W, Act, B, K, N, eps,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    X, LnW, W, Act, B, N, eps,
+    K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
     # x: [B, K] (h); w: [2 N, K] (gate rows, then up rows); act: [B, N] = silu(gate) * up
     # grid (cdiv(N, BLOCK_N), cdiv(B, BLOCK_B))
@@ -188,16 +223,8 @@ def _gate_up_kernel(
     row_ok, n_ok = bs < B, ns < N
     x_rows = bs.to(tl.int64) * K
     rstd = _rstd(X, x_rows, row_ok, K, eps, BLOCK_K)
-    gate = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, True)
-        wmask = n_ok[:, None] & (offs < K)[None, :]
-        w_g = tl.load(W + ns.to(tl.int64)[:, None] * K + offs[None, :], mask=wmask, other=0.0)
-        w_u = tl.load(W + (ns + N).to(tl.int64)[:, None] * K + offs[None, :], mask=wmask, other=0.0)
-        gate += _dot_t(x.to(w_g.dtype), w_g, IEEE)
-        up += _dot_t(x.to(w_g.dtype), w_u, IEEE)
+    n = tl.where(n_ok, ns, 0).to(tl.int64)
+    gate, up = _products(X, x_rows, row_ok, rstd, LnW, W, n, n + N, n_ok, K, True, True, IEEE, GEMV, BLOCK_K)
     dt = Act.dtype.element_ty
     g = gate.to(dt).to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(dt) * up.to(dt)  # silu in float32, rounded, times the rounded up
@@ -206,8 +233,9 @@ def _gate_up_kernel(
 
 @triton.jit
 def _lm_head_kernel(
-    X, LnW, W, Logits, PartV, PartI, B, K, V, eps, n_blocks,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    X, LnW, W, Logits, PartV, PartI, B, V, eps, n_blocks,
+    K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    GEMV: tl.constexpr,
 ):
     # x: [B, K] (h); w: [V, K]; logits: [B, V]; part_v, part_i: [B, n_blocks] (each block's largest logit and its
     # first index); grid (n_blocks, cdiv(B, BLOCK_B))
@@ -217,13 +245,8 @@ def _lm_head_kernel(
     row_ok, n_ok = bs < B, ns < V
     x_rows = bs.to(tl.int64) * K
     rstd = _rstd(X, x_rows, row_ok, K, eps, BLOCK_K)
-    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        x = _x_block(X, x_rows, row_ok, offs, K, rstd, LnW, True)
-        w = tl.load(W + ns.to(tl.int64)[:, None] * K + offs[None, :], mask=n_ok[:, None] & (offs < K)[None, :],
-                    other=0.0)
-        acc += _dot_t(x.to(w.dtype), w, IEEE)
+    n = tl.where(n_ok, ns, 0).to(tl.int64)
+    acc, _ = _products(X, x_rows, row_ok, rstd, LnW, W, n, n, n_ok, K, True, False, IEEE, GEMV, BLOCK_K)
     logits = acc.to(Logits.dtype.element_ty)
     tl.store(Logits + bs.to(tl.int64)[:, None] * V + ns[None, :], logits, mask=row_ok[:, None] & n_ok[None, :])
     vals = tl.where(n_ok[None, :], logits.to(tl.float32), float("-inf"))  # the argmax of what sampling sees
@@ -247,31 +270,42 @@ def _argmax_kernel(PartV, PartI, Out, n_blocks, BLOCK: tl.constexpr):
 # --- tiles and launches -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FusedTiles:
-    """Tiles of one batch bucket: streams a program takes, output rows of the hidden-sized products (o, down), of
-    the gate/up product and of the LM head, and the reduction step; num_warps of the product kernels."""
+    """Tiles of one batch bucket. gemv: one stream a program (block_b 1), elementwise products with unrolled loads;
+    else tl.dot tiles of block_b streams. block_n_*: output rows a program makes of the hidden-sized products (o,
+    down), of the gate/up product and of the LM head; block_k: the reduction step; pairs: rotation pairs (d, d + D/2)
+    a Q/K/V program makes (0: the whole head); warps: num_warps of the product kernels."""
 
+    gemv: bool
     block_b: int
     block_n_hidden: int
     block_n_inter: int
     block_n_vocab: int
     block_k: int = 64
+    pairs: int = 0
     warps: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("block_b", "block_n_hidden", "block_n_inter", "block_n_vocab", "block_k"):
+        smallest = 1 if self.gemv else 16  # tl.dot's smallest tile side
+        for name in ("block_b", "block_n_hidden", "block_n_inter", "block_n_vocab", "block_k", "pairs"):
             v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name}: expected a power of two >= 16 (tl.dot's smallest tile), found {v}")
+            if (v or smallest) < smallest or v & (v - 1):
+                raise ValueError(f"{name}: expected a power of two >= {smallest}, found {v}")
+        if self.gemv and self.block_b != 1:
+            raise ValueError(f"block_b: expected 1 with gemv (one stream a program), found {self.block_b}")
+
+
+# batch bucket (largest batch it serves) -> tiles; the last row serves every larger batch
+FUSED_TILES: tuple[tuple[int, FusedTiles], ...] = (
+    (4, FusedTiles(gemv=True, block_b=1, block_n_hidden=16, block_n_inter=16, block_n_vocab=64, pairs=8)),
+    (16, FusedTiles(gemv=False, block_b=16, block_n_hidden=16, block_n_inter=32, block_n_vocab=128)),
+    (32, FusedTiles(gemv=False, block_b=32, block_n_hidden=32, block_n_inter=32, block_n_vocab=128)),
+    (1 << 30, FusedTiles(gemv=False, block_b=64, block_n_hidden=32, block_n_inter=64, block_n_vocab=128)),
+)
 
 
 def fused_tiles(batch: int) -> FusedTiles:
-    """The tile of a batch bucket: small tiles (more programs) while the step reads weights, larger once the batch
-    makes the products compute-worthy."""
-    if batch <= 16:
-        return FusedTiles(block_b=16, block_n_hidden=16, block_n_inter=32, block_n_vocab=128)
-    if batch <= 32:
-        return FusedTiles(block_b=32, block_n_hidden=32, block_n_inter=32, block_n_vocab=128)
-    return FusedTiles(block_b=64, block_n_hidden=32, block_n_inter=64, block_n_vocab=128, warps=4)
+    """The tiles of the batch bucket serving `batch` streams (FUSED_TILES)."""
+    return next(tiles for most, tiles in FUSED_TILES if batch <= most)
 
 
 def _ieee(t) -> bool:
@@ -292,14 +326,16 @@ def qkv_rope(x, ids, h_out, ln, wqkv, bias, qn, kn, inv_freq, positions, window,
     receives them (the residual stream's start)."""
     b, d = q.shape[0], q.shape[2]
     wmax = k_cache.shape[2] - sinks
-    grid = (heads + 2 * kv_heads, _cdiv(b, tiles.block_b))
+    pairs = d // 2 if qn is not None or not tiles.pairs else min(tiles.pairs, d // 2)  # head norms: whole heads
+    grid = ((heads + 2 * kv_heads) * (d // 2 // pairs), _cdiv(b, tiles.block_b))
     _qkv_rope_kernel[grid](
         x, ids, h_out, ln, wqkv, bias if bias is not None else wqkv, qn if qn is not None else ln,
         kn if kn is not None else ln, inv_freq, positions, window, q, q_sink, k_cache, v_cache,
-        b, x.shape[1], x.stride(0), heads, kv_heads, int(sinks), int(wmax), k_cache.stride(0), k_cache.stride(1),
+        b, x.stride(0), heads, kv_heads, int(sinks), int(wmax), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), float(eps), float(rope_scale),
-        HEAD_DIM=d, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, FROM_IDS=from_ids, HAS_BIAS=bias is not None,
-        HAS_QK_NORM=qn is not None, IEEE=_ieee(wqkv), num_warps=tiles.warps,
+        K=x.shape[1], HEAD_DIM=d, PAIRS=pairs, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, FROM_IDS=from_ids,
+        HAS_BIAS=bias is not None, HAS_QK_NORM=qn is not None, IEEE=_ieee(wqkv), GEMV=tiles.gemv,
+        num_warps=tiles.warps,
     )
 
 
@@ -308,9 +344,9 @@ def linear_residual(x, w, h, *, tiles: FusedTiles) -> None:
     b, k = x.shape
     n = w.shape[0]
     grid = (_cdiv(n, tiles.block_n_hidden), _cdiv(b, tiles.block_b))
-    _linear_residual_kernel[grid](x, w, h, b, k, n, x.stride(0), BLOCK_B=tiles.block_b,
+    _linear_residual_kernel[grid](x, w, h, b, n, x.stride(0), K=k, BLOCK_B=tiles.block_b,
                                   BLOCK_N=tiles.block_n_hidden, BLOCK_K=tiles.block_k, IEEE=_ieee(w),
-                                  num_warps=tiles.warps)
+                                  GEMV=tiles.gemv, num_warps=tiles.warps)
 
 
 def gate_up(h, ln, wgu, act, *, eps: float, tiles: FusedTiles) -> None:
@@ -318,8 +354,9 @@ def gate_up(h, ln, wgu, act, *, eps: float, tiles: FusedTiles) -> None:
     b, k = h.shape
     n = act.shape[1]
     grid = (_cdiv(n, tiles.block_n_inter), _cdiv(b, tiles.block_b))
-    _gate_up_kernel[grid](h, ln, wgu, act, b, k, n, float(eps), BLOCK_B=tiles.block_b,
-                          BLOCK_N=tiles.block_n_inter, BLOCK_K=tiles.block_k, IEEE=_ieee(wgu), num_warps=tiles.warps)
+    _gate_up_kernel[grid](h, ln, wgu, act, b, n, float(eps), K=k, BLOCK_B=tiles.block_b,
+                          BLOCK_N=tiles.block_n_inter, BLOCK_K=tiles.block_k, IEEE=_ieee(wgu), GEMV=tiles.gemv,
+                          num_warps=tiles.warps)
 
 
 def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
@@ -334,8 +371,8 @@ def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
     part_v = torch.empty((b, n_blocks), device=h.device, dtype=torch.float32)
     part_i = torch.empty((b, n_blocks), device=h.device, dtype=torch.int32)
     _lm_head_kernel[(n_blocks, _cdiv(b, tiles.block_b))](
-        h, ln, w, logits, part_v, part_i, b, k, v, float(eps), n_blocks, BLOCK_B=tiles.block_b,
-        BLOCK_N=tiles.block_n_vocab, BLOCK_K=tiles.block_k, IEEE=_ieee(w), num_warps=tiles.warps)
+        h, ln, w, logits, part_v, part_i, b, v, float(eps), n_blocks, K=k, BLOCK_B=tiles.block_b,
+        BLOCK_N=tiles.block_n_vocab, BLOCK_K=tiles.block_k, IEEE=_ieee(w), GEMV=tiles.gemv, num_warps=tiles.warps)
     if not greedy:
         return logits
     out = torch.empty((b,), device=h.device, dtype=torch.int64)
@@ -343,4 +380,4 @@ def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
     return out
 
 
-__all__ = ["FusedTiles", "fused_tiles", "gate_up", "linear_residual", "lm_head", "qkv_rope"]
+__all__ = ["FUSED_TILES", "FusedTiles", "fused_tiles", "gate_up", "linear_residual", "lm_head", "qkv_rope"]

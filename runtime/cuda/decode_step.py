@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from edgeattn.errors import ModelError
 from edgeattn.optional import require
+from edgeattn.runtime.cuda import fp8_cache
+from edgeattn.runtime.cuda.fp8 import linear
 
 torch = require("torch", "generation on CUDA")  # this module is the GPU path: importing it means torch is wanted
 
@@ -94,6 +96,8 @@ class PackedDecoder:
             for i, x in enumerate(t[name]):
                 if x is not None:
                     out[f"{name}.{i}"] = x
+        if t.get("kv_scale") is not None:  # an FP8 cache's scales (fp8_cache.py)
+            out["kv_scale"] = t["kv_scale"]
         return {k: v.detach().contiguous() for k, v in out.items()}
 
     @classmethod
@@ -101,6 +105,8 @@ class PackedDecoder:
         t = {"embed": tensors["embed"], "norm": tensors["norm"], "lm_head": tensors.get("lm_head", tensors["embed"])}
         for name in cls.PER_LAYER:
             t[name] = [tensors.get(f"{name}.{i}") for i in range(shape.layers)]
+        if "kv_scale" in tensors:
+            t["kv_scale"] = tensors["kv_scale"].float()
         return cls(shape, t, tensors["inv_freq"].float(), rope_scaling)
 
     @property
@@ -115,12 +121,18 @@ class PackedDecoder:
         """keys, values: per layer [streams, H_kv, sinks + W_max, D] on the weights' device, zero-filled."""
         s = self.shape
         size = (streams, s.kv_heads, s.capacity, s.head_dim)
-        make = lambda: [torch.zeros(size, dtype=self.dtype, device=self.device) for _ in range(s.layers)]  # noqa: E731
+        make = lambda: [torch.zeros(size, dtype=self.cache_dtype, device=self.device) for _ in range(s.layers)]  # noqa: E731
         return make(), make()
+
+    @property
+    def cache_dtype(self):
+        """float8_e4m3fn when the weights carry FP8 cache scales (fp8_cache.py), else the weights' float type."""
+        return torch.float8_e4m3fn if self.t.get("kv_scale") is not None else self.dtype
 
     def cache_bytes_per_stream(self) -> int:
         s = self.shape
-        return 2 * s.layers * s.kv_heads * s.capacity * s.head_dim * self.t["embed"].element_size()
+        item = 1 if self.t.get("kv_scale") is not None else self.t["embed"].element_size()
+        return 2 * s.layers * s.kv_heads * s.capacity * s.head_dim * item
 
 
 def _rms_norm(torch, x, w, eps):
@@ -144,7 +156,7 @@ def layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, *, shape: Dec
     """Before attention: h [B, hidden] -> (q at t, q at the sinks' position, k at t, v), [B, H(_kv), D] each."""
     s, b = shape, h.shape[0]
     nq, nk = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    qkv = torch.nn.functional.linear(_rms_norm(torch, h, ln1, s.eps), wqkv, bqkv)
+    qkv = linear(_rms_norm(torch, h, ln1, s.eps), wqkv, bqkv)  # fp8.linear: FP8 weights are tuples
     q = qkv[:, :nq].view(b, s.heads, s.head_dim)  # q: [B, H, D]
     k = qkv[:, nq:nq + nk].view(b, s.kv_heads, s.head_dim)  # k, v: [B, H_kv, D]
     v = qkv[:, nq + nk:].view(b, s.kv_heads, s.head_dim)
@@ -156,27 +168,27 @@ def layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, *, shape: Dec
 def layer_tail(h, o, wo, ln2, wgu, wd, *, shape: DecoderShape):
     """After attention: the output projection and the MLP with their residuals -> h [B, hidden]."""
     F = torch.nn.functional
-    h = h + F.linear(o.reshape(h.shape[0], -1), wo)
-    gate, up = F.linear(_rms_norm(torch, h, ln2, shape.eps), wgu).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, wd)
+    h = h + linear(o.reshape(h.shape[0], -1), wo)
+    gate, up = linear(_rms_norm(torch, h, ln2, shape.eps), wgu).chunk(2, dim=-1)
+    return h + linear(F.silu(gate) * up, wd)
 
 
 def head_writing(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams, rows, *,
-                 shape: DecoderShape):
+                 shape: DecoderShape, k_scale=None, v_scale=None):
     """layer_head that also writes the new key and value rows into the layer's cache (in place) -> (q, q_sink)."""
     q, q_s, k, v = layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, shape=shape)
-    k_cache[streams, :, rows] = k.to(k_cache.dtype)
-    v_cache[streams, :, rows] = v.to(v_cache.dtype)
+    fp8_cache.store(k_cache, streams, rows, k, k_scale)  # FP8 rows when the scales are given
+    fp8_cache.store(v_cache, streams, rows, v, v_scale)
     return q, q_s
 
 
 def layer_link(h, o, wo, ln2, wgu, wd, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams,
-               rows, *, shape: DecoderShape):
+               rows, *, shape: DecoderShape, k_scale=None, v_scale=None):
     """One layer's tail and the next layer's head (with its cache write) as one piece: the residual, the norm
     and the rotation between them fuse."""
     h = layer_tail(h, o, wo, ln2, wgu, wd, shape=shape)
     return (h, *head_writing(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams, rows,
-                             shape=shape))
+                             shape=shape, k_scale=k_scale, v_scale=v_scale))
 
 
 def decode_linked(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
@@ -194,17 +206,24 @@ def decode_linked(w: PackedDecoder, ids, positions, window, keys, values, splits
     rows = torch.where(p < s.sinks, p, s.sinks + torch.remainder(p - s.sinks, s.window_max))
     h = F.embedding(ids, t["embed"])  # h: [B, hidden]
     q, q_s = first(h, t["ln1"][0], t["wqkv"][0], t["bqkv"][0], t["qn"][0], t["kn"][0], cos, sin, cos_s, sin_s,
-                   keys[0], values[0], streams, rows, shape=s)
+                   keys[0], values[0], streams, rows, shape=s, **_scales(w, 0))
     for i in range(s.layers):
-        o = torch.ops.edgeattn.ring_attend(q, q_s, keys[i], values[i], positions, window, s.sinks, s.scale, splits)
+        o = fp8_cache.attend(q, q_s, keys[i], values[i], *fp8_cache.layer_scales(w, i), positions, window, s.sinks,
+                             s.scale, splits)  # ring_attend, or its FP8 form
         if i + 1 == s.layers:
             h = tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
             break
         j = i + 1
         h, q, q_s = link(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], t["ln1"][j], t["wqkv"][j],
                          t["bqkv"][j], t["qn"][j], t["kn"][j], cos, sin, cos_s, sin_s, keys[j], values[j], streams,
-                         rows, shape=s)
+                         rows, shape=s, **_scales(w, j))
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
+
+
+def _scales(w: PackedDecoder, i: int) -> dict:
+    """head_writing's FP8 cache scales for layer i (none for a float cache: the keyword defaults)."""
+    k_scale, v_scale = fp8_cache.layer_scales(w, i)
+    return {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
 
 
 def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
@@ -222,8 +241,16 @@ def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits
     for i in range(s.layers):
         q, q_s, k, v = head(h, t["ln1"][i], t["wqkv"][i], t["bqkv"][i], t["qn"][i], t["kn"][i], cos, sin, cos_s,
                             sin_s, shape=s)
-        o = torch.ops.edgeattn.ring_decode(q, q_s, k, v, keys[i], values[i], positions, window, s.sinks, s.scale,
-                                           splits)
+        if "kv_scale" in t:  # an FP8 cache: write the rows quantized, then the FP8 ring attention
+            ks, vs = fp8_cache.layer_scales(w, i)
+            streams, p = torch.arange(ids.shape[0], device=ids.device), positions.to(torch.int64)
+            rows = torch.where(p < s.sinks, p, s.sinks + torch.remainder(p - s.sinks, s.window_max))
+            fp8_cache.store(keys[i], streams, rows, k, ks)
+            fp8_cache.store(values[i], streams, rows, v, vs)
+            o = fp8_cache.attend(q, q_s, keys[i], values[i], ks, vs, positions, window, s.sinks, s.scale, splits)
+        else:
+            o = torch.ops.edgeattn.ring_decode(q, q_s, k, v, keys[i], values[i], positions, window, s.sinks, s.scale,
+                                               splits)
         h = tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
 

@@ -1,0 +1,89 @@
+"""The fused decode step (plugins/kernels/fused_decode.py, DecodeGraph(compile="fused")): each kernel against the
+eager step's pieces and the whole step against decode_logits, on CPU under TRITON_INTERPRET=1 (its own process,
+tests/fused_decode_cases.py), float32; marked gpu, the step captured in a CUDA graph against the eager step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnx_fixtures import has
+
+CASES_SCRIPT = Path(__file__).with_name("fused_decode_cases.py")
+needs_stack = pytest.mark.skipif(not (has("triton") and has("torch") and has("transformers")),
+                                 reason="needs triton, torch and transformers")
+
+
+@pytest.fixture(scope="module")
+def errors() -> dict[str, float]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES_SCRIPT.parent))
+    done = subprocess.run([sys.executable, str(CASES_SCRIPT)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@needs_stack
+def test_each_fused_kernel_matches_the_eager_pieces(errors):
+    pieces = {k: v for k, v in errors.items() if k.split(":")[0] in ("head", "tail", "lm_head")}
+    for tiles in ("gemv", "dot"):  # one stream a program, and tl.dot tiles of streams
+        for family in ("llama", "qwen2", "qwen3"):  # plain, with Q/K/V biases, with per-head norms
+            for name in ("q", "q_sink", "k_row", "v_row", "other_rows_untouched"):
+                for layer in (0, 1):  # from the embedding table, and from h
+                    assert f"head:{family}:{tiles}:layer{layer}:{name}" in pieces
+        assert f"head:llama:{tiles}:layer0:h_from_ids" in pieces and f"tail:llama:{tiles}:h" in pieces
+    bad = {k: v for k, v in pieces.items() if "argmax_wrong" not in k and not v <= 1e-5}
+    assert not bad, f"relative error above 1e-5 (float32): {bad}"
+    assert not {k: v for k, v in pieces.items() if k.endswith("argmax_wrong") and v}
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+@needs_stack
+def test_the_fused_step_matches_decode_logits_through_a_wrapping_ring(errors):
+    steps = {k: v for k, v in errors.items() if k.startswith(("step:", "graph:"))}
+    assert {"step:qwen3:logits", "step:qwen3:cache", "graph:greedy_wrong"} <= set(steps)
+    assert all(v <= 1e-5 for k, v in steps.items() if not k.endswith("wrong")), steps
+    assert all(v == 0 for k, v in steps.items() if k.endswith("wrong")), steps
+
+
+@pytest.mark.gpu
+@needs_stack
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import transformers
+
+    from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder, decode_logits
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=384, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5)
+    model = transformers.LlamaForCausalLM(config).to("cuda", getattr(torch, dtype)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # sharp logits: greedy choices are not near-ties
+    weights = PackedDecoder.from_hf(model, sinks=4, window_max=32)
+    tokens = torch.randint(0, 512, (3, 50), device="cuda")
+    k1, v1 = weights.new_cache(3)
+    k2, v2 = weights.new_cache(3)
+    k3, v3 = weights.new_cache(3)
+    greedy = DecodeGraph(weights, k2, v2, batch=3, compile="fused")
+    logits = DecodeGraph(weights, k3, v3, batch=3, compile="fused", greedy=False)
+    wrong, worst = 0, 0.0
+    with torch.no_grad():
+        for p in range(50):  # the ring of 32 wraps; window 16 < ring
+            pos = torch.tensor([p, p + 5, max(p - 9, 0)], device="cuda")
+            want = decode_logits(weights, tokens[:, p], pos, torch.tensor(16, device="cuda"), k1, v1)
+            wrong += int(not torch.equal(greedy(tokens[:, p], pos, 16), want.argmax(-1)))
+            got = logits(tokens[:, p], pos, 16)
+            worst = max(worst, float((got.float() - want.float()).abs().max() / want.float().abs().max()))
+    assert wrong == 0
+    assert worst < (1e-3 if dtype == "float32" else 3e-2), worst
