@@ -1,4 +1,8 @@
-"""The attention window as a live setting: the thermal controller and the admin API set it, inference reads it."""
+"""The attention window as a live setting: the thermal controller and the admin API set it, inference reads it.
+
+With it go retrieval pages: the live budget is the window W plus k pages of `page` rows
+(edgeattn/attention/budget.py); k = 0, what a window alone sets, is the window as it always was.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgeattn.attention.budget import DEFAULT_PAGE, AttentionBudget
 from edgeattn.errors import ConfigError
 
 HISTORY_LENGTH = 100  # changes kept (oldest dropped first)
@@ -21,6 +26,8 @@ class WindowChange:
     new: int
     source: str  # "controller", "admin", "startup", ...
     reason: str = ""
+    old_pages: int = 0
+    pages: int = 0  # retrieval pages beyond the window (0 = the window alone)
 
 
 class LiveWindow:
@@ -33,9 +40,12 @@ class LiveWindow:
     changes, their reasons cut to REASON_CHARS.
     """
 
-    def __init__(self, initial: int = 0, *, max_window: int | None = None) -> None:
+    def __init__(self, initial: int = 0, *, max_window: int | None = None, pages: int = 0,
+                 page: int = DEFAULT_PAGE) -> None:
         self.max_window = max_window
         self._value = self._check(initial)
+        self.page = AttentionBudget(0, 0, page).page  # checked as a budget's
+        self._pages = self._check_pages(pages)
         self._locked = False
         self._guard = threading.Lock()
         self._listeners: list[Callable[[WindowChange], None]] = []
@@ -58,28 +68,45 @@ class LiveWindow:
             raise ConfigError(f"window: expected >= 0 (0 = full), found {value}")
         return value
 
+    @staticmethod
+    def _check_pages(pages: int) -> int:
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 0:
+            raise ConfigError(f"pages: expected an integer >= 0 (0 = the window alone), found "
+                              f"{type(pages).__name__} {str(pages)[:40]!r}")
+        return pages
+
     def get(self) -> int:
         return self._value
+
+    @property
+    def pages(self) -> int:
+        return self._pages
+
+    def budget(self) -> AttentionBudget:
+        """The live budget: the window and the pages, read together (what the decode engine reads a step)."""
+        with self._guard:
+            return AttentionBudget(self._value, self._pages, self.page)
 
     @property
     def locked(self) -> bool:
         return self._locked
 
-    def set(self, value: int, source: str = "admin", reason: str = "") -> bool:
-        """Set the window; returns False when a lock held it unchanged."""
-        value = self._check(value)
+    def set(self, value: int, source: str = "admin", reason: str = "", *, pages: int = 0) -> bool:
+        """Set the window and the pages (0: the window alone); returns False when a lock held them unchanged."""
+        value, pages = self._check(value), self._check_pages(pages)
         with self._guard:
             if self._locked:
                 return False
-            change = self._apply(value, source, reason)
+            change = self._apply(value, source, reason, pages)
         self._notify(change)
         return True
 
-    def lock(self, value: int | None = None, source: str = "admin") -> None:
+    def lock(self, value: int | None = None, source: str = "admin", *, pages: int = 0) -> None:
+        """Pin the window (and pages) at `value`, or as they are when `value` is None."""
         change = None
         with self._guard:
             if value is not None:
-                change = self._apply(self._check(value), source, "locked")
+                change = self._apply(self._check(value), source, "locked", self._check_pages(pages))
             self._locked = True
         self._notify(change)
 
@@ -90,11 +117,12 @@ class LiveWindow:
     def subscribe(self, listener: Callable[[WindowChange], None]) -> None:
         self._listeners.append(listener)
 
-    def _apply(self, value: int, source: str, reason: str) -> WindowChange | None:
-        if value == self._value:
+    def _apply(self, value: int, source: str, reason: str, pages: int = 0) -> WindowChange | None:
+        if (value, pages) == (self._value, self._pages):
             return None
-        change = WindowChange(time.time(), self._value, value, source[:REASON_CHARS], reason[:REASON_CHARS])
-        self._value = value
+        change = WindowChange(time.time(), self._value, value, source[:REASON_CHARS], reason[:REASON_CHARS],
+                              self._pages, pages)
+        self._value, self._pages = value, pages
         self.history.append(change)
         return change
 

@@ -356,7 +356,7 @@ def test_chunks_carry_the_device_temperature(tiny_decoder):
         status2, doc, _ = post_json(url, "/v2/models/dec/generate", {"text_input": "Hi", "max_tokens": 3})
     assert status == 200 and status2 == 200
     for params in [e["parameters"] for e in events[1:-1]] + [doc["parameters"]]:
-        assert params == {"attention_window": 16, "device_temp_c": 71.5, "device_throttle": 0}
+        assert params == {"attention_window": 16, "attention_budget": 20, "device_temp_c": 71.5, "device_throttle": 0}
 
 
 def test_prompts_prefilled_inside_the_decode_steps_give_the_same_tokens(tiny_decoder):

@@ -25,13 +25,18 @@ import click
 @click.option("--stop", multiple=True, help="Stop when this text appears (not included); repeatable.")
 @click.option("--window", default=0, show_default=True,
               help="Attention window in tokens (sinks kept); 0 = the whole ring.")
+@click.option("--budget", type=int, help="Attention budget in cache rows (sinks + window + retrieval pages of 16 "
+              "rows): the window and the pages whose keys best match each query [default: the window alone].")
+@click.option("--budget-recent", type=float, help="Share of the budget's non-sink rows given to the recent window, "
+              "the rest to retrieval pages (1 = the window alone) [default: 0.25].")
 @click.option("--window-max", type=int, help="Ring size to allocate [default: the bundle's].")
 @click.option("--threads", default=0, help="ONNX Runtime threads (0 = its default).")
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (text, tokens, usage, timing).")
-def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top_k, seed, stop, window, window_max,
-             threads, stream, as_json):
+def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top_k, seed, stop, window, budget,
+             budget_recent, window_max, threads, stream, as_json):
     """Generate text from a decoder BUNDLE (built from `edgeattn export MODEL --decoder`)."""
+    from edgeattn.attention.budget import DEFAULT_RECENT
     from edgeattn.errors import InputError
     from edgeattn.runtime.generation.generator import GenerationConfig, GenerationResult, Generator
     from edgeattn.runtime.generation.sampling import SamplingConfig
@@ -46,7 +51,13 @@ def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top
             source = json.loads(Path(chat_file).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"--chat {chat_file}: expected a JSON list of messages, found: {exc}") from None
-    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop), window=window,
+    if budget is not None and window:
+        raise InputError(f"expected --window or --budget, found both (--window {window}, --budget {budget}): "
+                         f"a budget holds its own window (see --budget-recent)")
+    if budget_recent is not None and budget is None:
+        raise InputError("--budget-recent splits a budget: give --budget N too")
+    config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop), window=window, budget=budget,
+                              budget_recent=DEFAULT_RECENT if budget_recent is None else budget_recent,
                               sampling=SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
     result = GenerationResult("", [], "length", 0, 0, [])
     with Generator.open(bundle, window_max=window_max, threads=threads) as gen:
@@ -60,7 +71,9 @@ def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top
                                "usage": {"prompt_tokens": result.prompt_tokens,
                                          "completion_tokens": result.completion_tokens,
                                          "evicted_prompt_tokens": result.evicted_prompt_tokens},
-                               "prefill_s": round(result.prefill_s, 4), "decode_s": round(result.decode_s, 4)}))
+                               "prefill_s": round(result.prefill_s, 4), "decode_s": round(result.decode_s, 4),
+                               "attention_window": result.windows[-1] if result.windows else None,
+                               "attention_budget": result.budgets[-1] if result.budgets else None}))
         return
     if stream:
         click.echo("")
@@ -68,6 +81,8 @@ def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top
         click.echo(result.text)
     tps = result.completion_tokens / result.decode_s if result.decode_s > 0 else float("nan")
     note = f", {result.evicted_prompt_tokens} prompt tokens evicted" if result.evicted_prompt_tokens else ""
+    if budget is not None and result.budgets:
+        note += f", attention budget {result.budgets[-1]} rows (window {result.windows[-1]})"
     click.echo(f"[{result.prompt_tokens} prompt + {result.completion_tokens} tokens, {result.finish_reason}, "
                f"{tps:.1f} tokens/s{note}]", err=True)
     if not result.text and result.finish_reason == "stop":

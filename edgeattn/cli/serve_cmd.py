@@ -18,6 +18,20 @@ def _controller_factory(spec: str):
         raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--controller") from None
 
 
+def _budget_line(decoder, controller) -> str:
+    """The live attention budget of a decoder at start-up, and what moves it."""
+    from edgeattn.runtime.generation.engine import budget_rows
+
+    live, layout = decoder.scheduler.engine.live(), decoder.layout
+    window = f"window {live.window}" if live.window else f"the whole ring of {layout.window_max}"
+    pages = f" + {live.pages} pages of {live.page}" if live.pages else ""
+    split = getattr(getattr(controller, "split", None), "recent", 1.0)
+    mover = "" if controller is None else (f"; the thermal policy moves it (recent share {split:g})"
+                                           if split < 1.0 else "; the thermal policy moves the window")
+    return (f"attention budget of {decoder.name}: {budget_rows(layout, live)} rows ({layout.sinks} sinks + "
+            f"{window}{pages}){mover}; a request's attention_budget caps it")
+
+
 @click.command()
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
@@ -71,7 +85,7 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     require("prometheus_client", "the inference server's metrics")
     from edgeattn.bundle.folder import open_bundle
     from edgeattn.runtime.live_window import LiveWindow
-    from edgeattn.runtime.server.app import NO_WINDOW_LIMIT, create_app
+    from edgeattn.runtime.server.app import DECODERS, NO_WINDOW_LIMIT, create_app
     from edgeattn.runtime.server.runner import serve_forever
     from edgeattn.runtime.server.decoder_runtime import window_bound
     from edgeattn.runtime.server.settings import ServeSettings
@@ -108,5 +122,7 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
                        zip([name] if name else [b.manifest.name for b in opened], opened))
     click.echo(f"serving {models} on http://{settings.host}:{settings.port} (max batch {settings.max_batch}, "
                f"queue delay {settings.max_queue_delay_ms:g} ms, {settings.slots} generation slots)", err=True)
+    for decoder in app[DECODERS].values():
+        click.echo(_budget_line(decoder, controller), err=True)
     serve_forever(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout_s,
                   print_fn=lambda msg: click.echo(msg, err=True))

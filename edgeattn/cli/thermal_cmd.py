@@ -88,9 +88,18 @@ def simulate(model_path, policy_path, workload, quality_path, seed, out):
     write_outputs(result, out, title=f"{policy.kind} policy, workload {load.name}",
                   extra={"policy": policy.kind, "workload": load.name})
     s = result.summary
-    click.echo(f"max {s.max_temp_c:.1f} C (trip {s.trip_c:g}), {s.trip_crossings} trip crossings, mean window "
-               f"{s.mean_window_fraction:.3f}, {s.window_changes_per_min:.2f} changes/min, quality-weighted "
-               f"throughput {s.quality_weighted_throughput:.3f} -> {out}")
+    click.echo(f"max {s.max_temp_c:.1f} C (trip {s.trip_c:g}), {s.trip_crossings} trip crossings, "
+               f"{_mean_budget(policy.budget, s.mean_window_fraction, s.mean_pages)}, "
+               f"{s.window_changes_per_min:.2f} changes/min, quality-weighted throughput "
+               f"{s.quality_weighted_throughput:.3f} -> {out}")
+
+
+def _mean_budget(split, fraction: float, pages: float | None = None) -> str:
+    """'mean window F', or for a policy that splits its budget, the budget, its split and its pages."""
+    if split.window_only:
+        return f"mean window {fraction:.3f}"
+    shown = f"mean budget {fraction:.3f} (recent {split.recent:g}"
+    return shown + (f", {pages:.1f} pages of {split.page} on average)" if pages is not None else ")")
 
 
 @thermal.command()
@@ -102,9 +111,13 @@ def simulate(model_path, policy_path, workload, quality_path, seed, out):
 @click.option("--r-error", type=float, default=0.05, show_default=True,
               help="Also require zero crossings on a device whose R is this fraction above the fit.")
 @click.option("--quick", is_flag=True, help="A small search grid (for smoke tests).")
+@click.option("--budget-recent", type=click.FloatRange(0.0, 1.0), default=1.0, show_default=True,
+              help="Share of each level's rows given to the recent window, the rest to retrieval pages "
+                   "(1 = the window alone); written to the policy as budget = {recent = ...}.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Policy file to write (.toml or .json).")
-def tune(model_path, workload, quality_path, seeds, max_changes_per_min, r_error, quick, out):
+def tune(model_path, workload, quality_path, seeds, max_changes_per_min, r_error, quick, budget_recent, out):
     """Search predictive-policy parameters: best quality-weighted throughput with zero trip crossings."""
+    from edgeattn.runtime.thermal.policies import BudgetSplit
     from edgeattn.runtime.thermal.policy_file import save_policy
     from edgeattn.runtime.thermal.offline.quality import load_table
     from edgeattn.runtime.thermal.offline.tune import TuneConfig
@@ -112,17 +125,20 @@ def tune(model_path, workload, quality_path, seeds, max_changes_per_min, r_error
     from edgeattn.runtime.thermal.offline.workload import load_workload
 
     r_errors = (0.0, r_error) if r_error else (0.0,)
-    config = TuneConfig(seeds=tuple(range(seeds)), r_errors=r_errors, max_changes_per_min=max_changes_per_min)
+    split = BudgetSplit(recent=budget_recent)
+    config = TuneConfig(seeds=tuple(range(seeds)), r_errors=r_errors, max_changes_per_min=max_changes_per_min,
+                        budget=split)
     if quick:
         config = TuneConfig(margins_c=(2.0, 5.0), horizons_s=(60.0,), min_holds_s=(30.0,), up_margins_c=(2.0,),
                             level_sets=((1.0, 0.5, 0.25),), seeds=config.seeds, r_errors=(0.0,),
-                            max_changes_per_min=max_changes_per_min)
+                            max_changes_per_min=max_changes_per_min, budget=split)
     model, load = _model(model_path), load_workload(workload)
     best, trials = run(model, load, load_table(quality_path), config)
     save_policy(best.policy, out, comment=f"tuned by edgeattn thermal tune on workload {load.name}: quality-weighted "
-                f"throughput {best.score:.4f}, mean window {best.mean_window:.3f}, {best.changes_per_min:.2f} changes/min, "
+                f"throughput {best.score:.4f}, {_mean_budget(split, best.mean_window)}, {best.changes_per_min:.2f} changes/min, "
                 f"0 trip crossings over {len(config.seeds)} seeds x R errors {list(config.r_errors)} ({len(trials)} candidates)")
-    click.echo(f"best of {len(trials)}: quality-weighted throughput {best.score:.4f}, mean window {best.mean_window:.3f}, "
+    click.echo(f"best of {len(trials)}: quality-weighted throughput {best.score:.4f}, "
+               f"{_mean_budget(split, best.mean_window)}, "
                f"{best.changes_per_min:.2f} changes/min, margin {best.policy.margin_c:g} C, horizon "
                f"{best.policy.horizon_s:g} s, levels {list(best.policy.levels)} -> {out}")
 

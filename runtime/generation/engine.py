@@ -21,10 +21,17 @@ A chunk holding sink positions ends by sinks + W: the op scores a chunk's own ke
 the sink rows with q rotated at min(t, sinks + W), so a first chunk reaching past sinks + W would read the sinks
 farther away than token-by-token decoding does (docs/windowed-attention.md).
 
-The live window is read once a step and applies to every slot (the sinks are always kept; a window beyond the
-ring is the whole ring). Events go to `deliver(list of (job, Event))` in one call a step, made just before the
+The live budget is read once a step: a window (an int) or an `AttentionBudget` (window W + k retrieval pages,
+edgeattn/attention/budget.py); a window is the case k = 0, and a window beyond the ring is the whole ring (the
+sinks are always kept). A job's own `budget` (rows, from its request) caps it for that job: the smaller of the
+two, split as the live one is. Jobs may then run with different (W, k) in one step: the decode step calls the
+model once per distinct (W, k), each call on the rows of that budget (the op takes one W and k per call), so a
+stream's tokens never depend on the others' budgets; the cost is one more model call a step for each budget
+beyond the first. Every event says the window and the budget (rows) its job ran with.
+
+Events go to `deliver(list of (job, Event))` in one call a step, made just before the
 next model call, so a server's event loop routes them while the model runs without the GIL. A model failure
-ends the jobs of that call (a prefill chunk: its job; a decode step: the decoding jobs) with finish reason
+ends the jobs of that call (a prefill chunk: its job; a decode step: the jobs of that budget) with finish reason
 `error: ...` and the exception in `job.error`; the other jobs go on. `profile` (a StepProfile) times every phase.
 The backend is any `DecoderBackend` (backend.py); one that samples on its device is used through `step_sample`.
 """
@@ -39,8 +46,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgeattn.attention.budget import DEFAULT_PAGE, AttentionBudget, check_page
 from edgeattn.attention.ring import RingLayout
-from edgeattn.errors import InputError
+from edgeattn.errors import ConfigError, InputError
 from edgeattn.runtime.generation.backend import DecoderBackend, SamplingBackend
 from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
 from edgeattn.runtime.generation.step_profile import StepProfile
@@ -72,13 +80,14 @@ def chunk_size(layout: RingLayout, position: int, chunk: int, window: int) -> in
 @dataclass
 class Event:
     """What one step produced for a job: text (maybe empty), new tokens (0 or 1, `token` the id), the window
-    and the finish reason on the last one."""
+    and the finish reason on the last one, and the budget in rows (sinks + W + k * page) the job ran with."""
 
     text: str
     tokens: int
     window: int
     finish_reason: str | None = None
     token: int | None = None
+    budget: int = 0
 
 
 @dataclass(eq=False)
@@ -102,6 +111,8 @@ class Job:
     decoding_at: float = 0.0  # prefill done
     finished_at: float = 0.0
     error: BaseException | None = None  # the model failure that ended it
+    budget: int | None = None  # the request's cap on the live budget, in rows (None: the live budget)
+    ran_with: AttentionBudget | None = None  # the budget of its last model call
 
     def cancel(self) -> None:
         """The client went away: the engine frees the slot before its next step (thread-safe: a flag)."""
@@ -109,14 +120,76 @@ class Job:
 
 
 def new_job(layout: RingLayout, ids: list[int], *, max_tokens: int, sampling: SamplingConfig,
-            stops: tuple[str, ...] = (), pin: int = 0) -> Job:
+            stops: tuple[str, ...] = (), pin: int = 0, budget: int | None = None) -> Job:
     """A job for a prompt's token ids; a prompt longer than the cache (with room for the answer) keeps its head
-    (the sinks, or `pin` tokens) and its tail, and `job.evicted` says how many tokens were left out."""
+    (the sinks, or `pin` tokens) and its tail, and `job.evicted` says how many tokens were left out. `budget`
+    (rows) caps the live attention budget for this job (`check_request_budget`)."""
     if not ids:
         raise InputError("prompt: expected at least one token, found an empty prompt")
+    budget = None if budget is None else check_request_budget(layout, budget)
     kept, evicted = fit_prompt(list(ids), layout.capacity, layout.sinks, pin,
                                reserve=min(max_tokens, layout.window_max // 2))
-    return Job(kept, len(ids), evicted, max_tokens, Sampler(sampling), stops)
+    return Job(kept, len(ids), evicted, max_tokens, Sampler(sampling), stops, budget=budget)
+
+
+def check_request_budget(layout: RingLayout, budget) -> int:
+    """A request's attention budget in rows, as an int: sinks + one page to the cache's rows, else ConfigError."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise ConfigError(f"attention_budget: expected an integer number of rows, found "
+                          f"{type(budget).__name__} {str(budget)[:40]!r}")
+    lowest = layout.sinks + min(DEFAULT_PAGE, layout.window_max)
+    if not lowest <= int(budget) <= layout.capacity:
+        raise ConfigError(f"attention_budget: expected {lowest} (sinks + one page) to {layout.capacity} (the "
+                          f"cache's rows), found {str(budget)[:40]}")
+    return int(budget)
+
+
+def budget_rows(layout: RingLayout, budget: AttentionBudget) -> int:
+    """Rows a budget reads at most on this ring: sinks + W + k * page (a window of 0 is the whole ring)."""
+    return layout.sinks + layout.live_window(budget.window) + budget.pages * budget.page
+
+
+_PAGES_SUPPORT: dict[type, bool] = {}
+
+
+def reads_pages(model) -> bool:
+    """Whether a backend's step takes `pages` (retrieval pages beyond the window)."""
+    kind = type(model)
+    if kind not in _PAGES_SUPPORT:
+        import inspect
+
+        _PAGES_SUPPORT[kind] = "pages" in inspect.signature(model.step).parameters
+    return _PAGES_SUPPORT[kind]
+
+
+def live_budget(model: DecoderBackend, value) -> AttentionBudget:
+    """The budget a step runs with on this model's ring, from a window (int) or an AttentionBudget: a window
+    beyond the ring is the whole ring (and then no pages), pages beyond the ring are dropped."""
+    layout = model.layout
+    window, pages, page = (value.window, value.pages, value.page) if isinstance(value, AttentionBudget) \
+        else (value, 0, DEFAULT_PAGE)
+    window = int(window)
+    window = model.check_window(window if window <= layout.window_max else 0)
+    pages = 0 if window == 0 else int(pages)
+    if pages:
+        page = check_page(layout, page)
+        pages = min(pages, (layout.window_max - window) // page)
+    if pages and not reads_pages(model):
+        raise ConfigError(f"attention budget: expected a backend that reads retrieval pages, found "
+                          f"{type(model).__name__}, which reads the window only: give a window (a budget with "
+                          f"recent = 1.0)")
+    return AttentionBudget(window, pages, page, layout.sinks)
+
+
+def capped_budget(layout: RingLayout, live: AttentionBudget, rows: int | None) -> AttentionBudget:
+    """The live budget capped at `rows` (a request's budget): the smaller of the two, split as the live one is
+    (a window stays a window)."""
+    if rows is None or rows >= budget_rows(layout, live):
+        return live
+    if not live.pages:
+        return AttentionBudget(rows - layout.sinks, 0, live.page, layout.sinks)
+    recent = live.window / (live.window + live.pages * live.page)
+    return AttentionBudget.from_total(layout, rows, page=live.page, recent=recent)
 
 
 Deliver = Callable[[list[tuple[Job, Event]]], None]
@@ -125,8 +198,9 @@ Deliver = Callable[[list[tuple[Job, Event]]], None]
 class Engine:
     """`add(job)` queues a job (thread-safe, under `lock`); `step()` advances every job by one iteration."""
 
-    def __init__(self, model: DecoderBackend, *, slots: int, prefill_chunk: int, window: Callable[[], int],
-                 deliver: Deliver, metrics=None, model_name: str = "", prefill_in_step: int = 0) -> None:
+    def __init__(self, model: DecoderBackend, *, slots: int, prefill_chunk: int,
+                 window: Callable[[], int | AttentionBudget], deliver: Deliver, metrics=None, model_name: str = "",
+                 prefill_in_step: int = 0) -> None:
         self.model, self.slots = model, slots
         self.prefill_chunk, self.prefill_in_step = prefill_chunk, prefill_in_step
         self.window, self.deliver = window, deliver
@@ -141,6 +215,9 @@ class Engine:
         self.profile = StepProfile()
         self._events: list[tuple[Job, Event]] = []
         self._device_sampling = isinstance(model, SamplingBackend)
+        if metrics is not None:  # the live budget, read at each scrape
+            metrics.budget_rows.labels(model_name).set_function(lambda: self._live_or_nan("rows"))
+            metrics.budget_pages.labels(model_name).set_function(lambda: self._live_or_nan("pages"))
 
     # --- state, safe to read from other threads ------------------------------------------------------------
     @property
@@ -169,7 +246,8 @@ class Engine:
     def step(self) -> None:
         clock, profile = time.perf_counter, self.profile
         start = clock()
-        window = self._current_window()
+        live = self.live()
+        window = live.window
         with self.lock:
             ending = self.ending
             if ending:
@@ -186,20 +264,32 @@ class Engine:
         self.flush()  # the previous step's events: the event loop routes them while the model runs
         prefill_tokens, prefill_s, decode_s, rows = 0, 0.0, 0.0, 0
         if self.prefilling:
-            prefill_tokens, prefill_s = self._prefill_chunk(self.prefilling[0], window)
+            prefill_tokens, prefill_s = self._prefill_chunk(self.prefilling[0], live)
             self._compact()  # a job that ended at its first token leaves before the decode step
         if self.decoding:
             rows = len(self.decoding)
-            decode_s = self._decode_step(window)
+            decode_s = self._decode_step(live)
         before = clock()
         self._compact()
         self.report()
         profile.add("compact", clock() - before)
         profile.iteration(rows, prefill_tokens, clock() - start, decode_s, prefill_s)
 
-    def _current_window(self) -> int:
-        w = int(self.window())
-        return self.model.check_window(w if w <= self.model.layout.window_max else 0)
+    def live(self) -> AttentionBudget:
+        """The live budget on this model's ring (`live_budget`)."""
+        return live_budget(self.model, self.window())
+
+    def _live_or_nan(self, what: str) -> float:
+        """The live budget's rows or pages for a metrics scrape (NaN when it is not one this model can run:
+        the next step reports why)."""
+        try:
+            live = self.live()
+        except Exception:  # a scrape must not fail
+            return float("nan")
+        return float(budget_rows(self.model.layout, live) if what == "rows" else live.pages)
+
+    def _budget(self, job: Job, live: AttentionBudget) -> AttentionBudget:
+        return capped_budget(self.model.layout, live, job.budget)
 
     def _admit(self, window: int) -> None:
         """Every waiting job that a free slot can take, now (called under `lock`)."""
@@ -230,13 +320,15 @@ class Engine:
     def _prefilling_at(self, slot: int) -> Job | None:
         return next((j for j in self.prefilling if j.slot == slot), None)
 
-    def _prefill_chunk(self, job: Job, window: int) -> tuple[int, float]:
+    def _prefill_chunk(self, job: Job, live: AttentionBudget) -> tuple[int, float]:
         """One chunk of a job being prefilled: (its tokens, the model call's seconds)."""
-        size = chunk_size(self.model.layout, int(self.cache.positions[job.slot]), self.prefill_chunk, window)
+        budget, window = self._budget(job, live), live.window
+        size = chunk_size(self.model.layout, int(self.cache.positions[job.slot]), self.prefill_chunk, budget.window)
         piece = job.prompt[job.prefilled:job.prefilled + size]
         last = job.prefilled + len(piece) == len(job.prompt)
         try:
-            tokens, seconds = self._call([job.slot], [piece], window, [job if last else None], "prefill_model")
+            job.ran_with = budget
+            tokens, seconds = self._call([job.slot], [piece], budget, [job if last else None], "prefill_model")
         except Exception as exc:
             self._fail([job], exc, window)
             return len(piece), 0.0
@@ -261,16 +353,32 @@ class Engine:
         self.prefilling.remove(job)
         job.decoding_at = time.perf_counter()
 
-    def _decode_step(self, window: int) -> float:
-        """One decode step over every decoding slot; returns the model call's seconds."""
-        jobs = list(self.decoding)
-        ids = [[j.prompt[j.prefilled] if j.prefilled < len(j.prompt) else j.tokens[-1]] for j in jobs]
-        wanted = [None if j.prefilled + 1 < len(j.prompt) else j for j in jobs]  # rows whose next token is due
-        try:
-            tokens, seconds = self._call(list(range(len(jobs))), ids, window, wanted, "decode_model")
-        except Exception as exc:
-            self._fail(jobs, exc, window)
+    def _decode_step(self, live: AttentionBudget) -> float:
+        """One decode step over every decoding slot, one model call per distinct budget; returns the calls'
+        seconds. A failed call ends the jobs of its rows; the others go on."""
+        window = live.window
+        everyone = list(self.decoding)
+        ids = [[j.prompt[j.prefilled] if j.prefilled < len(j.prompt) else j.tokens[-1]] for j in everyone]
+        wanted = [None if j.prefilled + 1 < len(j.prompt) else j for j in everyone]  # rows whose next token is due
+        groups: dict[AttentionBudget, list[int]] = {}
+        for row, job in enumerate(everyone):
+            groups.setdefault(self._budget(job, live), []).append(row)
+        by_row: dict[int, int | None] = {}
+        seconds = 0.0
+        for budget, rows in groups.items():
+            for r in rows:
+                everyone[r].ran_with = budget
+            try:
+                got, spent = self._call(rows, [ids[r] for r in rows], budget, [wanted[r] for r in rows],
+                                        "decode_model")
+            except Exception as exc:
+                self._fail([everyone[r] for r in rows], exc, window)
+                continue
+            seconds += spent
+            by_row.update(zip(rows, got))
+        if not by_row:
             return 0.0
+        jobs, tokens = [everyone[r] for r in sorted(by_row)], [by_row[r] for r in sorted(by_row)]
         if self.metrics is not None:
             self.metrics.step_seconds.labels(self.model_name).observe(seconds)
             self.metrics.step_rows.labels(self.model_name).observe(len(jobs))
@@ -286,20 +394,22 @@ class Engine:
                 self._accept(job, token, window)
         return seconds
 
-    def _call(self, streams: list[int], ids: list[list[int]], window: int, wanted: list[Job | None],
+    def _call(self, streams: list[int], ids: list[list[int]], budget: AttentionBudget, wanted: list[Job | None],
               phase: str) -> tuple[list[int | None], float]:
-        """One model call; the next token of each row whose job is given (None for the others), and the call's
-        seconds."""
+        """One model call with one budget; the next token of each row whose job is given (None for the others),
+        and the call's seconds. `pages` reaches the backend only when there are some (a window-only backend
+        takes no `pages`)."""
         batch = np.asarray(ids, dtype=np.int64)
+        window, pages = budget.window, ({"pages": budget.pages} if budget.pages else {})
         before = time.perf_counter()
         if self._device_sampling and any(wanted):
             default = SamplingConfig()
             chosen = self.model.step_sample(self.cache, streams, batch, window,
-                                            [j.sampler.config if j else default for j in wanted])
+                                            [j.sampler.config if j else default for j in wanted], **pages)
             seconds = time.perf_counter() - before
             self.profile.add(phase, seconds)
             return [int(t) if j else None for t, j in zip(chosen, wanted)], seconds
-        logits = self.model.step(self.cache, streams, batch, window, last_only=True)
+        logits = self.model.step(self.cache, streams, batch, window, last_only=True, **pages)
         seconds = time.perf_counter() - before
         self.profile.add(phase, seconds)
         return [self._sample(j, logits[row, -1]) if j else None for row, j in enumerate(wanted)], seconds
@@ -339,7 +449,7 @@ class Engine:
         elif stopped:
             self._finish(job, FINISH_STOP, window, text, token)
         else:
-            self._events.append((job, Event(text, 1, window, None, token)))
+            self._events.append((job, self._event(job, text, 1, window, None, token)))
 
     @staticmethod
     def _final_text(job: Job) -> tuple[str, bool]:
@@ -352,9 +462,16 @@ class Engine:
         if job.finish_reason is not None:
             return
         job.finish_reason, job.finished_at = reason, time.perf_counter()
-        self._events.append((job, Event(text, int(token is not None), window, reason, token)))
+        self._events.append((job, self._event(job, text, int(token is not None), window, reason, token)))
         if self.metrics is not None:
             self.metrics.finished.labels(self.model_name, reason.split(":")[0]).inc()
+
+    def _event(self, job: Job, text: str, tokens: int, window: int, reason: str | None, token: int | None) -> Event:
+        """An event with the window and budget the job last ran with (the live window before its first call)."""
+        budget = job.ran_with
+        if budget is None:
+            return Event(text, tokens, window, reason, token)
+        return Event(text, tokens, budget.window, reason, token, budget_rows(self.model.layout, budget))
 
     def _fail(self, jobs: list[Job], exc: BaseException, window: int) -> None:
         for job in jobs:

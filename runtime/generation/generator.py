@@ -5,12 +5,15 @@
         result = g.generate("Write a haiku about heat.", GenerationConfig(max_tokens=64))
         for chunk in g.stream([{"role": "user", "content": "Hi"}], GenerationConfig(window=256)):
             print(chunk.text, end="")
+        cheap = g.generate("Summarize: ...", GenerationConfig(budget=260))  # 260 rows: a window and pages
 
 `Generator` is a one-slot client of the decode engine (edgeattn.runtime.generation.engine), the step the server
 runs for many requests at once, so both give the same tokens. Prefill runs in chunks (never longer than the
 ring), then one token per step. A prompt longer than the cache keeps its head (the sinks, or `pin` tokens) and
 its tail; the result says how many tokens were evicted. The window may be a number or a function called before
-every step (the thermal controller's live window; a value beyond the ring is the whole ring). The model is any
+every step (the thermal controller's live window; a value beyond the ring is the whole ring); either may also
+give an `AttentionBudget` (a window and retrieval pages). `GenerationConfig.budget` is a total in rows, split
+into a window and pages by `budget_recent` (`AttentionBudget.from_total`). The model is any
 `DecoderBackend` (a bundle's `DecoderModel`, a cuda bundle's `CudaDecoder`, or `TorchDecoderModel`).
 """
 
@@ -21,13 +24,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgeattn.attention.budget import DEFAULT_RECENT, AttentionBudget
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.runtime.generation.backend import DecoderBackend
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
-from edgeattn.runtime.generation.engine import Engine, new_job
+from edgeattn.runtime.generation.engine import Engine, live_budget, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
 
-Window = int | Callable[[], int]
+Window = int | AttentionBudget | Callable[[], int | AttentionBudget]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class GenerationConfig:
     window: int = 0  # 0 = the whole ring
     prefill_chunk: int = 256
     pin: int = 0  # prompt tokens kept from the head when the prompt is longer than the cache (at least the sinks)
+    budget: int | None = None  # attention budget in rows (sinks + window + pages); None: the window alone
+    budget_recent: float = DEFAULT_RECENT  # share of the budget's non-sink rows given to the recent window
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -48,6 +54,12 @@ class GenerationConfig:
             raise ConfigError(f"expected prefill_chunk >= 1 and pin >= 0, found {self.prefill_chunk} and {self.pin}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ConfigError(f"window: expected an integer >= 0 (0 = the whole ring), found {self.window!r}")
+        if self.budget is not None and self.window:
+            raise ConfigError(f"expected a window or a budget, found both (window {self.window}, budget "
+                              f"{self.budget!r}): a budget holds its own window")
+        if isinstance(self.budget_recent, bool) or not isinstance(self.budget_recent, (int, float)) \
+                or not 0.0 <= self.budget_recent <= 1.0:
+            raise ConfigError(f"budget_recent: expected a fraction from 0 to 1, found {self.budget_recent!r}")
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class Chunk:
     text: str
     token: int | None
     window: int
+    budget: int = 0  # rows read at most (sinks + window + pages x page)
 
 
 @dataclass
@@ -67,6 +80,7 @@ class GenerationResult:
     windows: list[int]
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    budgets: list[int] = field(default_factory=list)  # rows read at most for each token
 
     @property
     def completion_tokens(self) -> int:
@@ -109,9 +123,11 @@ class Generator:
         """Yield text as it is generated; fills `result` (when given) as it goes."""
         model = self.model
         model.activate()
-        window = config.window if window is None else window
+        if window is None:
+            window = config.window if config.budget is None else \
+                AttentionBudget.from_total(model.layout, config.budget, recent=config.budget_recent)
         read = window if callable(window) else (lambda: window)
-        model.check_window(read())  # a bad window fails before any work
+        live_budget(model, read())  # a bad window or budget fails before any work
         job = new_job(model.layout, self.prompt_ids(prompt), max_tokens=config.max_tokens, sampling=config.sampling,
                       stops=config.stop, pin=config.pin)
         res = result if result is not None else GenerationResult("", [], "length", 0, 0, [])
@@ -126,9 +142,10 @@ class Generator:
                 if event.tokens:
                     res.tokens.append(event.token)
                     res.windows.append(event.window)
+                    res.budgets.append(event.budget)
                 res.text += event.text
                 if event.text:
-                    yield Chunk(event.text, event.token, event.window)
+                    yield Chunk(event.text, event.token, event.window, event.budget)
             events.clear()
         if job.error is not None:
             raise job.error

@@ -222,7 +222,7 @@ async def metrics_page(request: web.Request) -> web.Response:
 def _window_state(window: LiveWindow) -> dict:
     history = [{"time": c.time, "old": c.old, "new": c.new, "source": c.source, "reason": c.reason}
                for c in list(window.history)[-20:]]
-    return {"window": window.get(), "locked": window.locked, "history": history}
+    return {"window": window.get(), "pages": window.pages, "locked": window.locked, "history": history}
 
 
 def _names_this_host(host: str) -> bool:

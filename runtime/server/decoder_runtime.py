@@ -70,7 +70,7 @@ class DecoderRuntime:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # the worker's events, for the courier thread
         self._courier: threading.Thread | None = None
         self.scheduler = SlotScheduler(self.model, slots=settings.slots, max_queue=settings.max_queue,
-                                       prefill_chunk=settings.prefill_chunk, window=window.get,
+                                       prefill_chunk=settings.prefill_chunk, window=window.budget,
                                        deliver=self._deliver, metrics=metrics.generation, model_name=name,
                                        prefill_in_step=settings.prefill_in_step)
         metrics.generation.slots.labels(name).set(settings.slots)
@@ -107,10 +107,12 @@ class DecoderRuntime:
             cache.reset(slot)
 
     def submit(self, prompt_ids: list[int], *, max_tokens: int, sampling: SamplingConfig,
-               stops: tuple[str, ...]) -> Stream:
+               stops: tuple[str, ...], budget: int | None = None) -> Stream:
         """Queue a request (QueueFull when the queue is full). The prompt is cut to head + tail if it does
-        not fit the cache with room for the answer (`job.evicted` says how many tokens were left out)."""
-        job = new_job(self.model.layout, prompt_ids, max_tokens=max_tokens, sampling=sampling, stops=stops)
+        not fit the cache with room for the answer (`job.evicted` says how many tokens were left out);
+        `budget` (rows) caps the live attention budget for this request."""
+        job = new_job(self.model.layout, prompt_ids, max_tokens=max_tokens, sampling=sampling, stops=stops,
+                      budget=budget)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[job] = queue
         try:

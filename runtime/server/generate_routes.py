@@ -19,9 +19,9 @@ from aiohttp import web
 from edgeattn.errors import EdgeAttnError, InputError
 from edgeattn.runtime.server.decoder_runtime import DecoderRuntime, Stream
 from edgeattn.runtime.server.kserve import WINDOW_PARAMETER, ProtocolError, decode_json
-from edgeattn.runtime.server.openai_protocol import (OpenAIError, TextRequest, chunk_body, completion_body, now,
-                                                     parse_text_request, parse_triton_generate, request_id, usage,
-                                                     usage_chunk)
+from edgeattn.runtime.server.openai_protocol import (BUDGET_PARAMETER, OpenAIError, TextRequest, check_budget,
+                                                     chunk_body, completion_body, now, parse_text_request,
+                                                     parse_triton_generate, request_id, usage, usage_chunk)
 from edgeattn.runtime.server.request_body import read_body
 from edgeattn.runtime.server.scheduler import QueueFull
 from edgeattn.runtime.server.served_model import VERSION
@@ -101,8 +101,10 @@ def _encode(codec, text: str) -> list[int]:
     return codec.encode(text)
 
 
-def _parameters(app: web.Application, window: int) -> dict:
-    return {WINDOW_PARAMETER: window, **app[DEVICE]()}
+def _parameters(app: web.Application, window: int, budget: int | None = None) -> dict:
+    """A response's parameters: the window and the attention budget (rows) it ran with, and the device's."""
+    budget = {} if budget is None else {BUDGET_PARAMETER: budget}
+    return {WINDOW_PARAMETER: window, **budget, **app[DEVICE]()}
 
 
 def _prompt_ids(model: DecoderRuntime, req: TextRequest) -> list[int]:
@@ -126,7 +128,8 @@ def _prompt_ids(model: DecoderRuntime, req: TextRequest) -> list[int]:
 
 def _submit(model: DecoderRuntime, req: TextRequest, ids: list[int]) -> Stream:
     try:
-        return model.submit(ids, max_tokens=req.max_tokens, sampling=req.sampling, stops=req.stop)
+        return model.submit(ids, max_tokens=req.max_tokens, sampling=req.sampling, stops=req.stop,
+                            budget=req.attention_budget)
     except QueueFull as exc:
         raise OpenAIError(f"the server is busy ({exc}): retry after {RETRY_AFTER_S} s", 429,
                           type="rate_limit_error", code="queue_full") from None
@@ -147,17 +150,16 @@ def _check_error(finish: str) -> None:
         raise OpenAIError(f"generation failed: {finish[len('error: '):]}", 500, type="server_error")
 
 
-async def _collect(stream: Stream, request: web.Request) -> tuple[str, str, int]:
-    """Wait for the whole answer: (text, finish reason, last window)."""
-    parts, window = [], 0
+async def _collect(stream: Stream, request: web.Request) -> tuple[str, str, int, int]:
+    """Wait for the whole answer: (text, finish reason, last window, last budget in rows)."""
+    parts = []
     try:
         while True:
             event = await _next(stream, request)
             parts.append(event.text)
-            window = event.window
             if event.finish_reason is not None:
                 _check_error(event.finish_reason)
-                return "".join(parts), event.finish_reason, window
+                return "".join(parts), event.finish_reason, event.window, event.budget
     finally:
         if stream.job.finish_reason is None:
             stream.cancel()
@@ -198,7 +200,7 @@ async def _stream_openai(request: web.Request, model: DecoderRuntime, req: TextR
                 break
             if event.text or finish is not None:
                 await _sse(response, chunk_body(req, rid, created, event.text or None, finish,
-                                                _parameters(app, event.window)))
+                                                _parameters(app, event.window, event.budget)))
             if finish is not None:
                 if req.include_usage:
                     job = stream.job
@@ -218,6 +220,7 @@ def _openai_request(app: web.Application, chat: bool, raw: bytes) -> tuple[Decod
         raise OpenAIError(f"model: expected a string, found {str(name)[:60]!r}", param="model")
     model = _decoder(app, name)
     req = parse_text_request(doc, chat=chat, max_tokens_limit=model.max_tokens_limit, **_stop_limits(app))
+    check_budget(req, model.layout)
     return model, req, _prompt_ids(model, req)
 
 
@@ -228,13 +231,13 @@ async def _answer_openai(request: web.Request, chat: bool) -> web.StreamResponse
     if req.stream:
         return await _stream_openai(request, model, req, stream)
     try:
-        text, finish, window = await _collect(stream, request)
+        text, finish, window, budget = await _collect(stream, request)
     except ClientGone:
         return web.Response(status=499)
     job = stream.job
     return web.json_response(completion_body(req, request_id(chat), now(), text, finish,
                                              usage(job.prompt_tokens, len(job.tokens), job.evicted),
-                                             _parameters(request.app, window)))
+                                             _parameters(request.app, window, budget)))
 
 
 @openai_errors
@@ -275,6 +278,7 @@ async def _triton_request(request: web.Request, stream: bool) -> tuple[DecoderRu
     def prepare(raw: bytes) -> tuple[TextRequest, list[int]]:
         req = parse_triton_generate(decode_json(raw), model.name, max_tokens_limit=model.max_tokens_limit,
                                     stream=stream, **limits)
+        check_budget(req, model.layout)
         return req, _prompt_ids(model, req)
 
     try:
@@ -284,9 +288,10 @@ async def _triton_request(request: web.Request, stream: bool) -> tuple[DecoderRu
         raise ProtocolError(str(exc), exc.status) from None
 
 
-def _triton_body(model: DecoderRuntime, text: str, finish: str | None, window: int, app, job=None) -> dict:
+def _triton_body(model: DecoderRuntime, text: str, finish: str | None, window: int, app, job=None,
+                 budget: int | None = None) -> dict:
     body = {"model_name": model.name, "model_version": "1", "text_output": text,
-            "parameters": _parameters(app, window)}
+            "parameters": _parameters(app, window, budget)}
     if finish is not None:
         body["finish_reason"] = finish
         body["usage"] = usage(job.prompt_tokens, len(job.tokens), job.evicted)
@@ -296,12 +301,12 @@ def _triton_body(model: DecoderRuntime, text: str, finish: str | None, window: i
 async def generate(request: web.Request) -> web.Response:
     model, stream, _ = await _triton_request(request, stream=False)
     try:
-        text, finish, window = await _collect(stream, request)
+        text, finish, window, budget = await _collect(stream, request)
     except ClientGone:
         return web.Response(status=499)
     except OpenAIError as exc:
         raise ProtocolError(str(exc), exc.status) from None
-    return web.json_response(_triton_body(model, text, finish, window, request.app, stream.job))
+    return web.json_response(_triton_body(model, text, finish, window, request.app, stream.job, budget))
 
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
@@ -317,7 +322,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                 break
             if event.text or finish is not None:
                 await _sse(response, _triton_body(model, event.text, finish, event.window, request.app,
-                                                  stream.job))
+                                                  stream.job, event.budget))
             if finish is not None:
                 break
 

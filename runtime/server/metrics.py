@@ -79,6 +79,11 @@ class GenerationMetrics:
                                       buckets=LATENCY_BUCKETS, registry=r)
         self.step_rows = Histogram("edgeattn_decode_step_rows", "Slots in one decode step", ["model"],
                                    buckets=BATCH_BUCKETS, registry=r)
+        # the live attention budget (next to edgeattn_attention_window), read from the engine at each scrape
+        self.budget_rows = Gauge("edgeattn_attention_budget_rows", "Rows a query reads at most under the live "
+                                 "budget: sinks + window + pages x page", ["model"], registry=r)
+        self.budget_pages = Gauge("edgeattn_attention_budget_pages", "Retrieval pages of the live budget "
+                                  "(0 = the window alone)", ["model"], registry=r)
 
 
 class _DeviceCollector:

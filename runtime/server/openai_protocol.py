@@ -1,6 +1,10 @@
 """The OpenAI-compatible request and response shapes (completions, chat completions) and Triton's generate
 extension: parsing a JSON body into a `TextRequest`, building responses and stream chunks, and OpenAI's error
-shape `{"error": {"message", "type", "param", "code"}}`."""
+shape `{"error": {"message", "type", "param", "code"}}`.
+
+One extension field: `attention_budget` (an integer number of cache rows, sinks + window + retrieval pages)
+caps the server's live attention budget for this request; clients that do not send it get the live budget.
+Responses and stream chunks carry `parameters` with the window and the budget each request ran with."""
 
 from __future__ import annotations
 
@@ -9,10 +13,14 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from edgeattn.attention.ring import RingLayout
+from edgeattn.errors import ConfigError
+from edgeattn.runtime.generation.engine import check_request_budget
 from edgeattn.runtime.generation.sampling import SamplingConfig
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI (ServeSettings.max_stops)
 MAX_STOP_CHARS = 256  # characters per stop string (ServeSettings.max_stop_chars)
+BUDGET_PARAMETER = "attention_budget"  # request field and response parameter: cache rows read at most
 
 
 class OpenAIError(Exception):
@@ -39,6 +47,7 @@ class TextRequest:
     stream: bool
     include_usage: bool
     chat: bool
+    attention_budget: int | None = None  # rows; caps the live budget for this request (None: the live budget)
 
 
 def _type_name(value) -> str:
@@ -194,13 +203,23 @@ def parse_text_request(doc, *, chat: bool, max_tokens_limit: int, max_stops: int
         raise OpenAIError("stream_options: only allowed when stream is true", param="stream_options")
     prompt = _messages(doc) if chat else _prompt(doc)
     stops = _stops(doc, max_stops, max_stop_chars)
-    return TextRequest(model, prompt, max_tokens, sampling, stops, stream, include_usage, chat)
+    budget = _integer(doc, BUDGET_PARAMETER, None)
+    return TextRequest(model, prompt, max_tokens, sampling, stops, stream, include_usage, chat, budget)
+
+
+def check_budget(req: TextRequest, layout: RingLayout) -> None:
+    """The request's attention_budget against the model's cache: sinks + one page to the cache's rows."""
+    if req.attention_budget is not None:
+        try:
+            check_request_budget(layout, req.attention_budget)
+        except ConfigError as exc:
+            raise OpenAIError(str(exc), param=BUDGET_PARAMETER) from None
 
 
 def parse_triton_generate(doc, model: str, *, max_tokens_limit: int, stream: bool, max_stops: int = MAX_STOPS,
                           max_stop_chars: int = MAX_STOP_CHARS) -> TextRequest:
     """Triton's generate extension: {"text_input": str, "parameters": {...}} (parameters may also be given at
-    the top level: max_tokens, temperature, top_p, seed, stop)."""
+    the top level: max_tokens, temperature, top_p, seed, stop, attention_budget)."""
     if not isinstance(doc, dict):
         raise OpenAIError(f"request body: expected a JSON object, found {_type_name(doc)}")
     text = doc.get("text_input")

@@ -8,7 +8,8 @@ refused (`QueueFull`) only when all the slots are taken or promised and `max_que
 hands each step's events to `deliver(list of (job, Event))` just before the next model call (or before the
 worker sleeps), so the event loop's routing, JSON and socket writes run while the model runs without the GIL
 (the runtime's courier thread wakes the loop). `profile` (a StepProfile) times every phase of the steps
-(docs/serving.md, "Where the time goes").
+(docs/serving.md, "Where the time goes"). `window` gives the live budget (a window, or an `AttentionBudget`:
+the server passes `LiveWindow.budget`), read once a step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from edgeattn.attention.budget import AttentionBudget
 from edgeattn.runtime.generation.backend import DecoderBackend
 from edgeattn.runtime.generation.engine import (FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Deliver, Engine, Event,
                                                 Job)
@@ -33,7 +35,7 @@ class SlotScheduler:
     `close(timeout)` run the worker."""
 
     def __init__(self, model: DecoderBackend, *, slots: int, max_queue: int, prefill_chunk: int,
-                 window: Callable[[], int], deliver: Deliver, metrics=None, model_name: str = "",
+                 window: Callable[[], int | AttentionBudget], deliver: Deliver, metrics=None, model_name: str = "",
                  prefill_in_step: int = 0) -> None:
         self.engine = Engine(model, slots=slots, prefill_chunk=prefill_chunk, window=window, deliver=deliver,
                              metrics=metrics, model_name=model_name, prefill_in_step=prefill_in_step)

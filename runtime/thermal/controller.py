@@ -5,7 +5,9 @@
 
 `step()` does one sample (tests drive it with a fake clock); `start()` runs it in a daemon thread.
 A window of fraction 1.0 is set as 0 (full attention); others as round(fraction * max_window), at least
-1. The op keeps the sink tokens; nothing here changes them. A locked LiveWindow is left alone and reported.
+1. With a policy whose `budget` splits the rows (recent < 1), a level below 1.0 is a budget of
+round(fraction * max_window) rows split into a window and retrieval pages (`budget_for`); the LiveWindow then
+holds both. The op keeps the sink tokens; nothing here changes them. A locked LiveWindow is left alone and reported.
 Sensor faults are logged with their detail and counted by (zone, fault kind), fixed values fit for metric
 labels; a zone that was read and then lost is reported in `zones_lost` while it counts as hot.
 """
@@ -18,10 +20,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from edgeattn.attention.budget import AttentionBudget, check_page
+from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError
 from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.thermal.faults import Fault
-from edgeattn.runtime.thermal.policies import Decision, Policy, PolicyState
+from edgeattn.runtime.thermal.policies import BudgetSplit, Decision, Policy, PolicyState
 from edgeattn.runtime.thermal.readings import Reading, Sensor
 
 log = logging.getLogger("edgeattn.thermal")
@@ -31,6 +35,17 @@ def window_for(fraction: float, max_window: int) -> int:
     return 0 if fraction >= 1.0 else max(1, round(fraction * max_window))
 
 
+def budget_for(fraction: float, max_window: int, split: BudgetSplit = BudgetSplit()) -> tuple[int, int]:
+    """(window, pages) of a level: the window alone for recent = 1.0 (`window_for`) or at fraction 1.0 (full
+    attention); else round(fraction * max_window) rows, at least a page, split by `AttentionBudget.from_total`
+    (the sinks come on top, as with a window)."""
+    if split.window_only or fraction >= 1.0:
+        return window_for(fraction, max_window), 0
+    rows = max(split.page, round(fraction * max_window))
+    budget = AttentionBudget.from_total(RingLayout(0, max_window), rows, page=split.page, recent=split.recent)
+    return budget.window, budget.pages
+
+
 class ThermalController:
     def __init__(self, sensor: Sensor, policy: Policy, window: LiveWindow, max_window: int, *,
                  hz: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -38,7 +53,11 @@ class ThermalController:
             raise ConfigError(f"controller rate: expected 1-5 Hz (sensors update through firmware), found {hz}")
         if max_window < 1:
             raise ConfigError(f"max_window: expected >= 1, found {max_window}")
+        split = getattr(policy, "budget", BudgetSplit())
+        if not split.window_only:
+            check_page(RingLayout(0, max_window), split.page)  # the pages must cut the ring evenly
         self.sensor, self.policy, self.window, self.max_window = sensor, policy, window, max_window
+        self.split = split
         self.period_s, self.clock = 1.0 / hz, clock
         self.state = PolicyState()
         self.reading: Reading | None = None
@@ -61,15 +80,17 @@ class ThermalController:
         decision = self.policy.decide(reading, self.state)
         for fault in reading.faults:
             log.warning("thermal sensor fault: %s", fault)  # the detail (value, raw text, duration) goes here
-        target = window_for(decision.fraction, self.max_window)
+        target, pages = budget_for(decision.fraction, self.max_window, self.split)
         applied = True
-        if target != self.window.get():
-            applied = self.window.set(target, source="controller", reason=decision.reason or "policy level")
+        if (target, pages) != (self.window.get(), self.window.pages):
+            applied = self.window.set(target, source="controller", reason=decision.reason or "policy level",
+                                      pages=pages)
+            shown = f"{target or 'full'}" + (f" + {pages} pages of {self.split.page}" if pages else "")
             if applied:
                 self.changes += 1
-                log.info("thermal: window %s (%s)", target or "full", decision.reason)
+                log.info("thermal: window %s (%s)", shown, decision.reason)
             elif not self.held_by_lock:
-                log.info("thermal: window locked; policy wanted %s (%s)", target or "full", decision.reason)
+                log.info("thermal: window locked; policy wanted %s (%s)", shown, decision.reason)
         self.held_by_lock = not applied
         with self._guard:
             self.state, self.reading, self.decision = decision.state, reading, decision
@@ -109,7 +130,9 @@ class ThermalController:
         with self._guard:
             r, d = self.reading, self.decision
             zones, counts = sorted(self.zones), sorted(self.fault_counts.items())
-        window = self.window.get()
+        budget = self.window.budget()
+        window, pages = budget.window, budget.pages
+        rows = (self.max_window if window == 0 else window) + pages * budget.page
         return {
             "temp_c": r.temp_c if r else None,
             "zone_temps_c": dict(r.temps) if r else {},
@@ -119,6 +142,9 @@ class ThermalController:
             "throttle": bool(r.throttle) if r else False,
             "window": window,
             "window_fraction": 1.0 if window == 0 else window / self.max_window,
+            "budget_pages": pages,  # retrieval pages beyond the window (0 = the window alone)
+            "budget_fraction": 1.0 if window == 0 else min(rows / self.max_window, 1.0),
+            "budget_recent": self.split.recent,
             "policy": self.policy.kind,
             "policy_fraction": d.fraction if d else None,
             "time_to_trip_s": d.time_to_trip_s if d else None,

@@ -1,6 +1,8 @@
 """Window policies: pure functions of (reading, state) -> Decision. Sinks are never touched here.
 
-Levels are fractions of the model's max window, largest first (1.0 = full). Both policies go to the
+Levels are fractions of the model's max window, largest first (1.0 = full). A level is an attention budget:
+`budget` (a `BudgetSplit`) says how its rows are split between the recent window and retrieval pages; the
+default, recent = 1.0, gives them all to the window (the window policies as they always were). Both policies go to the
 smallest level at once when the temperature is unknown (every zone faulted, or a zone that had been read is
 lost) or at the trip point, shrink
 the window without delay, and grow it only after `min_hold_s` at the current level.
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from edgeattn.attention.budget import DEFAULT_PAGE
 from edgeattn.errors import ConfigError
 from edgeattn.runtime.thermal.readings import Reading
 
@@ -34,6 +37,26 @@ class Decision:
     time_to_trip_s: float | None = None  # predictive only; None = not heading for the trip point
 
 
+@dataclass(frozen=True)
+class BudgetSplit:
+    """How a level's rows are split: a `recent` share to the recent window, the rest to retrieval pages of
+    `page` rows (edgeattn/attention/budget.py). recent = 1.0: the window alone."""
+
+    recent: float = 1.0
+    page: int = DEFAULT_PAGE
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.recent) or not 0.0 <= self.recent <= 1.0:
+            raise ConfigError(f"budget.recent: expected a fraction from 0 to 1 (1 = the window alone), "
+                              f"found {self.recent!r}")
+        if isinstance(self.page, bool) or not isinstance(self.page, int) or self.page < 1:
+            raise ConfigError(f"budget.page: expected a positive integer (rows per page), found {self.page!r}")
+
+    @property
+    def window_only(self) -> bool:
+        return self.recent >= 1.0
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -42,7 +65,10 @@ def _check_types(policy) -> None:
     """Every field a finite number, `levels` and `thresholds_c` sequences of them (policy files give any type)."""
     for f in fields(policy):
         value = getattr(policy, f.name)
-        if f.name in ("levels", "thresholds_c"):
+        if f.name == "budget":
+            if not isinstance(value, BudgetSplit):
+                raise ConfigError(f"budget: expected a split such as {{recent = 0.25}}, found {value!r}")
+        elif f.name in ("levels", "thresholds_c"):
             if not isinstance(value, (tuple, list)) or not all(_is_number(v) for v in value):
                 shown = list(value) if isinstance(value, tuple) else value
                 raise ConfigError(f"{f.name}: expected a list of numbers, found {shown!r}")
@@ -79,6 +105,7 @@ class StepPolicy:
     thresholds_c: tuple[float, ...] = (75.0, 85.0)
     hysteresis_c: float = 3.0
     min_hold_s: float = 10.0
+    budget: BudgetSplit = BudgetSplit()
     kind = "step"
 
     def __post_init__(self) -> None:
@@ -133,6 +160,7 @@ class PredictivePolicy:
     observer_gain: float = 0.3
     ambient_gain: float = 0.02
     default_trip_c: float = 99.0  # when the sensor reports none
+    budget: BudgetSplit = BudgetSplit()
     kind = "predictive"
 
     def __post_init__(self) -> None:

@@ -5,6 +5,8 @@
     thresholds_c = [75, 85]           tau_s = 120.0
     hysteresis_c = 3                  margin_c = 6 ...
     min_hold_s = 10
+    budget = {recent = 0.25}          (optional, either kind: the split of each level's rows between the
+                                       recent window and retrieval pages; without it, the window alone)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from edgeattn import atomic
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.optional import require
-from edgeattn.runtime.thermal.policies import Policy, PredictivePolicy, StepPolicy
+from edgeattn.runtime.thermal.policies import BudgetSplit, Policy, PredictivePolicy, StepPolicy
 
 KINDS: dict[str, type] = {"step": StepPolicy, "predictive": PredictivePolicy}
 
@@ -74,8 +76,24 @@ def policy_from_dict(data: dict, source: str = "policy") -> Policy:
     for key in ("levels", "thresholds_c"):
         if isinstance(data.get(key), list):
             data[key] = tuple(data[key])  # the policy checks that they are numbers
+    if "budget" in data:
+        data["budget"] = _budget_split(data["budget"], source)
     try:
         return cls(**data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _budget_split(value, source: str) -> BudgetSplit:
+    names = [f.name for f in dataclasses.fields(BudgetSplit)]
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: budget: expected a table such as {{recent = 0.25}} (keys {', '.join(names)}), "
+                          f"found {type(value).__name__} {str(value)[:60]!r}")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise ConfigError(f"{source}: budget: unknown keys {', '.join(map(str, unknown))} (known: {', '.join(names)})")
+    try:
+        return BudgetSplit(**value)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
@@ -88,12 +106,18 @@ def load_policy(path: Path) -> Policy:
 
 
 def policy_to_dict(policy: Policy) -> dict:
-    return {"kind": policy.kind, **dataclasses.asdict(policy)}
+    """The policy's keys; `budget` only when it is not the window alone (so window policies read as before)."""
+    data = {"kind": policy.kind, **dataclasses.asdict(policy)}
+    if policy.budget == BudgetSplit():
+        del data["budget"]
+    return data
 
 
 def _toml_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str):
         return json.dumps(value)
     return repr(float(value)) if isinstance(value, float) else str(value)

@@ -1,7 +1,10 @@
 """Replay a workload through a policy on the simulated device; summarize, and plot.
 
 The loop drives the real ThermalController (fake clock = the device's clock), so simulation exercises
-the same code the service runs.
+the same code the service runs. The device's load follows the rows attention reads: the window's, plus the
+retrieval pages' when the policy splits a budget (`fraction` = rows / max window). Quality comes from the
+window table at the same fraction of rows: retrieval pages are counted as if they were window rows, a
+conservative stand-in until a table of budgets is measured.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ class Summary:
     # quality, over requests offered: 1.0 = every request served at full quality
     quality_weighted_throughput: float
     duration_s: float
+    mean_pages: float = 0.0  # retrieval pages beyond the window, on average (0 with a window policy)
 
 
 @dataclass(frozen=True)
 class SimResult:
-    series: dict[str, np.ndarray]  # t, temp_c, measured_c, power_w, fraction, latency_ms, load, throttled
+    series: dict[str, np.ndarray]  # t, temp_c, measured_c, power_w, fraction, latency_ms, load, throttled, pages
     summary: Summary
 
 
@@ -56,14 +60,16 @@ def simulate(model: RCModel, policy: Policy, workload: Workload, quality: Qualit
     dt = 1.0 / workload.hz
     steps = int(round(workload.duration_s / dt))
     cols = {k: np.empty(steps) for k in ("t", "temp_c", "measured_c", "power_w", "fraction", "latency_ms", "load",
-                                          "throttled")}
+                                          "throttled", "pages")}
     for k in range(steps):
         device.set_load(workload.load_at(device.t))
         decision = controller.step()
-        w = window.get()
-        device.set_window_fraction(1.0 if w == 0 else w / workload.max_window)
+        budget = window.budget()
+        rows = budget.window + budget.pages * budget.page
+        device.set_window_fraction(1.0 if budget.window == 0 else min(rows / workload.max_window, 1.0))
         row = (device.t, device.temp_c, controller.reading.temp_c, device.power_w, device.fraction,
-               dev.latency_ms(device.fraction, device.throttled), device.load, float(device.throttled))
+               dev.latency_ms(device.fraction, device.throttled), device.load, float(device.throttled),
+               float(budget.pages))
         for name, value in zip(cols, row):
             cols[name][k] = np.nan if value is None else value
         del decision
@@ -83,7 +89,8 @@ def summarize(cols: dict[str, np.ndarray], trip_c: float, changes: int, base_lat
     return Summary(max_temp_c=float(cols["temp_c"].max()), trip_c=trip_c, trip_crossings=crossings,
                    throttled_s=float(hot.sum() * dt), mean_window_fraction=float(cols["fraction"].mean()),
                    window_changes=changes, window_changes_per_min=changes / (duration / 60.0),
-                   mean_quality=float(q.mean()), quality_weighted_throughput=qwt, duration_s=duration)
+                   mean_quality=float(q.mean()), quality_weighted_throughput=qwt, duration_s=duration,
+                   mean_pages=float(cols["pages"].mean()) if "pages" in cols else 0.0)
 
 
 def plot(result: SimResult, path: Path, title: str = "") -> None:

@@ -4,7 +4,7 @@ Each candidate runs the workload on the simulated device for several sensor-nois
 model and on one whose R is `r_errors` higher (the policy keeps the fitted numbers); it is eligible
 only with no trip crossing in any seed and at most `max_changes_per_min` window changes per minute
 (default 2: one change per 30 s). The best eligible one wins; ties go to the larger mean window, then to
-fewer window changes.
+fewer window changes. Every candidate splits its levels' rows by `budget` (recent = 1.0: the window alone).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 
 from edgeattn.errors import ConfigError, InputError
-from edgeattn.runtime.thermal.policies import PredictivePolicy
+from edgeattn.runtime.thermal.policies import BudgetSplit, PredictivePolicy
 from edgeattn.runtime.thermal.offline.quality import QualityTable
 from edgeattn.runtime.thermal.offline.simulate import Summary, simulate
 from edgeattn.runtime.thermal.offline.simulated_device import RCModel
@@ -32,6 +32,7 @@ class TuneConfig:
     seeds: tuple[int, ...] = (0, 1)
     r_errors: tuple[float, ...] = (0.0, 0.05)  # also run on a device whose R is this much above the fit
     max_changes_per_min: float = 2.0
+    budget: BudgetSplit = BudgetSplit()  # the split of every candidate's levels
 
     def __post_init__(self) -> None:
         if not all((self.margins_c, self.horizons_s, self.min_holds_s, self.up_margins_c, self.level_sets, self.seeds)):
@@ -71,7 +72,8 @@ def candidates(model: RCModel, workload: Workload, config: TuneConfig):
                                                                config.up_margins_c, config.level_sets):
         yield PredictivePolicy(r_c_per_w=model.r_c_per_w, tau_s=model.tau_s, ambient_c=model.ambient_c, levels=levels,
                                margin_c=margin, horizon_s=horizon, min_hold_s=hold, up_margin_c=up,
-                               idle_w=dev.idle_w, attention_share=share, default_trip_c=dev.trip_c)
+                               idle_w=dev.idle_w, attention_share=share, default_trip_c=dev.trip_c,
+                               budget=config.budget)
 
 
 def tune(model: RCModel, workload: Workload, quality: QualityTable, config: TuneConfig = TuneConfig(),
