@@ -1,0 +1,95 @@
+"""What a cuda build (edgeattn.bundle.cuda_build) and the opening of a cuda bundle (bundle.py) do for FP8:
+`--precision fp8` (FP8 weights, fp8.py) and `--kv-cache fp8` (the FP8 KV cache, fp8_cache.py).
+
+Build: the KV cache's scales are calibrated on the bf16 weights from CALIBRATION_TEXT (a few paragraphs kept
+here, so a bundle opened with an FP8 cache on a device gets the same scales without a corpus), then the
+per-layer matrices are quantized; the manifest's `precision` section records, per matrix, "fp8" or "bf16" for
+each token count of the choice table, and the table's origin. Every failure (a scale that is not finite or is
+zero) is a BuildError before anything is written.
+"""
+
+from __future__ import annotations
+
+from edgeattn.runtime.cuda import fp8, fp8_cache
+
+CALIBRATION_TEXT = (
+    "The city council met on Tuesday evening to discuss the new budget. After three hours of debate, members "
+    "agreed to fund repairs to the northern bridge, which has been closed to heavy traffic since the spring "
+    "floods, and to hire twelve more teachers for the schools in the eastern districts.",
+    "def moving_average(values, window):\n    total = sum(values[:window])\n    out = [total / window]\n"
+    "    for i in range(window, len(values)):\n        total += values[i] - values[i - window]\n"
+    "        out.append(total / window)\n    return out\n",
+    "Q: Why does the phone get warm when it charges? A: Charging moves energy into the battery, and no "
+    "conversion is perfect: a part of it becomes heat in the charger circuit and in the cell itself. Fast "
+    "charging moves more energy each second, so more heat is made, and the phone slows the charge when it "
+    "gets too hot.",
+    "In 1969 the first crewed landing on the Moon was watched by about 600 million people. The lander, "
+    "Eagle, touched down with less than a minute of fuel to spare; the crew spent two and a half hours "
+    "outside, collected 21.5 kilograms of rock and soil, and returned to Earth eight days after launch.",
+)
+
+
+def calibration_prompts(encode) -> list[list[int]]:
+    """CALIBRATION_TEXT as token ids (`encode`: text -> ids)."""
+    return [list(encode(text)) for text in CALIBRATION_TEXT]
+
+
+def fp8_tensors(packed, tensors: dict, *, weights: bool, cache: bool, encode) -> dict:
+    """A packed state dict with the FP8 parts: `kv_scale` (cache) calibrated on the float weights first, then
+    the per-layer matrices in FP8 (weights). Sets the packed decoder's cache scales (its cache size follows)."""
+    out = dict(tensors)
+    if cache:
+        out["kv_scale"] = fp8_cache.calibrate(packed, calibration_prompts(encode))
+        packed.t["kv_scale"] = out["kv_scale"]
+    if weights:
+        out = fp8.quantize_state_dict(out, packed.shape.layers)
+    return out
+
+
+def precision_section(precision: dict, shape, *, weights: bool, cache: bool) -> dict:
+    """The manifest's `precision` with the FP8 parts: attention runs in bf16, the KV cache's type, and with FP8
+    weights the per-matrix plan and the table it came from (fp8.precision_plan)."""
+    layers = dict(precision.get("layers", {}))
+    layers["kv_cache"] = "fp8" if cache else layers.get("kv_cache", precision["float"])
+    if weights:
+        layers["attention"] = "bf16"
+    out = {**precision, "layers": layers, "kv_cache": layers["kv_cache"]}
+    if weights:
+        out["fp8"] = fp8.precision_plan(shape)
+    return out
+
+
+def report_lines(precision: dict) -> list[str]:
+    """report.md lines (what `edgeattn inspect` shows) for the FP8 parts."""
+    lines = []
+    plan = precision.get("fp8")
+    if plan:
+        t = plan["table"]
+        lines.append(f"- fp8 weights (E4M3, per-row scales; activations per token): per matrix, the token counts "
+                     f"that run in FP8 (the others in bf16 on the same FP8-rounded weights), from the table measured "
+                     f"on {t['device']} ({t['measured']}; FP8 where >= {t['min_gain']}x bf16):")
+        for name, m in plan["matrices"].items():
+            chosen = m["by_tokens"]
+            if isinstance(chosen, str):
+                lines.append(f"  - {name} [{m['k']} x {m['n']}]: {chosen}")
+                continue
+            fp8_at = [k for k, v in chosen.items() if v == "fp8"]
+            lines.append(f"  - {name} [{m['k']} x {m['n']}]: fp8 at {', '.join(fp8_at) or 'no'} tokens")
+    if precision.get("kv_cache") == "fp8":
+        lines.append(f"- KV cache: fp8 (E4M3, one scale per layer and kv head, calibrated with a margin of "
+                     f"{fp8_cache.MARGIN:g}x over the amax)")
+    return lines
+
+
+def open_fp8(tensors: dict, manifest_precision: dict, *, kv_cache: str | None, encode, build) -> dict:
+    """Tensors read from a bundle -> the decode step's: FP8 weights as tuples, and an FP8 cache's scales
+    (calibrated now, `build(tensors)` -> a PackedDecoder, when `kv_cache == "fp8"` and the bundle has none).
+    The GPU's FP8 support is checked before (bundle.py)."""
+    out = fp8.fp8_weights(tensors) if any(k.endswith(".scale") for k in tensors) else dict(tensors)
+    if kv_cache == "fp8" and "kv_scale" not in out:
+        out["kv_scale"] = fp8_cache.calibrate(build(out), calibration_prompts(encode))
+    return out
+
+
+__all__ = ["CALIBRATION_TEXT", "calibration_prompts", "fp8_tensors", "open_fp8", "precision_section",
+           "report_lines"]
