@@ -27,7 +27,10 @@ from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, prefill_tile
 
 ARCHS = {"sm_87": 87, "sm_90": 90, "sm_110": 110}
 DTYPES = {"fp16": "*fp16", "bf16": "*bf16"}
-KINDS = ("prefill", "decode_split", "decode_reduce", "ring_decode_split")  # ring: the cuda target's decode
+KINDS = ("prefill", "decode_split", "decode_reduce", "ring_decode_split",  # ring: the cuda target's decode
+         "ring_fp8_decode_split")  # the same over an FP8 E4M3 cache (ring_fp8.py): sm_89 and later
+FP8_KINDS = ("ring_fp8_decode_split",)
+FP8_MIN_SM = 89  # FP8 conversions in hardware: Ada, Hopper, Thor; not Orin (sm_87)
 DECODE_BLOCK_M = 16  # AOT decode variants serve GROUP * S_q <= 16 rows per kv head
 DECODE_SPLITS = 16  # programs per kv head in the AOT decode grid (a power of two)
 
@@ -76,6 +79,7 @@ def default_variants() -> list[KernelVariant]:
             out += [KernelVariant("prefill", dtype, d, causal=c) for c in (True, False)]
             out += [KernelVariant("decode_split", dtype, d), KernelVariant("decode_reduce", dtype, d)]
             out.append(KernelVariant("ring_decode_split", dtype, d))  # with decode_reduce: the cuda target's decode
+            out.append(KernelVariant("ring_fp8_decode_split", dtype, d))  # the FP8 cache's (not for sm_87)
     return out
 
 
@@ -146,6 +150,12 @@ def _kernel_and_constexprs(variant: KernelVariant, arch: int):
     if variant.kind == "ring_decode_split":  # the sinks + ring cache's decode (cached_decode.py)
         const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, BLOCK_N=DECODE_BLOCK_N, SPLITS=DECODE_SPLITS)
         return cached_decode._cached_decode_split_kernel, const, 4, 2, f"({DECODE_SPLITS}, B * H_kv, 1)"
+    if variant.kind == "ring_fp8_decode_split":  # FP8 K/V loads and per-head scales (ring_fp8.py)
+        from edgeattn.plugins.kernels import ring_fp8
+
+        block_n, warps, stages = ring_fp8.FP8_TILE
+        const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, BLOCK_N=block_n, SPLITS=DECODE_SPLITS)
+        return ring_fp8._ring_fp8_split_kernel, const, warps, stages, f"({DECODE_SPLITS}, B * H_kv, 1)"
     const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, SPLITS=DECODE_SPLITS)
     return decode._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
 
@@ -167,6 +177,8 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
     from triton.compiler import ASTSource
 
     arch_num = _arch_number(arch)
+    if variant.kind in FP8_KINDS and arch_num < FP8_MIN_SM:  # Triton: "type fp8e4nv not supported" on sm_87
+        raise ConfigError(f"{variant.name}: FP8 E4M3 loads need sm_{FP8_MIN_SM} or later, found sm_{arch_num}")
     fn, const, warps, stages, grid = _kernel_and_constexprs(variant, arch_num)
     if not variant.has_pad and "Mask" in fn.arg_names:
         const.update(Mask=None, stride_mb=0)  # no padding input: the pointer disappears from the signature
@@ -179,7 +191,11 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
         if name in const:
             signature[name] = "constexpr"
             continue
-        if name in ("Q", "QS", "K", "V", "Out"):
+        if name in ("K", "V") and variant.kind in FP8_KINDS:
+            signature[name] = "*fp8e4nv"
+        elif name in ("KS", "VS"):
+            signature[name] = "*fp32"
+        elif name in ("Q", "QS", "K", "V", "Out"):
             signature[name] = DTYPES[variant.dtype]
         elif name in ("Window", "Pos"):
             signature[name] = "*i64"
@@ -241,6 +257,8 @@ def compile_all(config: CompileConfig) -> dict:
     with atomic.directory(Path(config.out_dir)) as stage:
         for arch in config.archs:
             for variant in config.variants():
+                if variant.kind in FP8_KINDS and _arch_number(arch) < FP8_MIN_SM:
+                    continue  # no FP8 on this arch (Orin): its bundles take the bf16 cache
                 kernel = compile_variant(variant, arch, ptx_version=config.ptx_version)
                 stem = f"{variant.name}.{arch}"
                 (stage / f"{stem}.ptx").write_text(kernel.ptx)
