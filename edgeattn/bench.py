@@ -1,4 +1,5 @@
-"""`edgeattn bench`: trtexec-style latency and throughput of a bundle on its runtime backend."""
+"""`edgeattn bench`: trtexec-style latency and throughput of a bundle on its runtime backend; for cuda bundles,
+decode tokens/s and time to first token through the decode engine (`run_decoder`)."""
 
 from __future__ import annotations
 
@@ -75,11 +76,106 @@ def _sizes(manifest, config: BenchConfig) -> dict[str, int]:
     return sizes
 
 
-def run(bundle_path: str | Path, config: BenchConfig = BenchConfig()) -> BenchResult:
-    """Verify the bundle, then time `infer` on fixed inputs."""
+DEFAULT_PROMPT = 128  # decoder bench: prompt tokens per stream
+DEFAULT_DECODE_STEPS = 128
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """A decoder bundle through the engine: every stream prefilled, then decode steps for all of them at once."""
+
+    bundle: str
+    backend: str
+    streams: int
+    prompt_tokens: int
+    window: int | None
+    ttft_ms: tuple[float, ...]  # per stream: the job's arrival to its first token
+    step_ms: tuple[float, ...]  # per decode step (every stream one token)
+
+    def stats(self) -> dict:
+        lat = np.asarray(self.step_ms)
+        mean = float(lat.mean())
+        ttft = np.asarray(self.ttft_ms)
+        return {
+            "bundle": self.bundle, "backend": self.backend, "kind": "decoder",
+            "sizes": {"streams": self.streams, "prompt_tokens": self.prompt_tokens}, "window": self.window,
+            "iterations": len(self.step_ms),
+            "min_ms": float(lat.min()), "mean_ms": mean, "p50_ms": float(np.percentile(lat, 50)),
+            "p90_ms": float(np.percentile(lat, 90)), "p99_ms": float(np.percentile(lat, 99)),
+            "max_ms": float(lat.max()),
+            "decode_tokens_per_s": self.streams * 1000.0 / mean, "throughput_per_s": self.streams * 1000.0 / mean,
+            "queries_per_s": 1000.0 / mean,
+            "ttft_mean_ms": float(ttft.mean()), "ttft_max_ms": float(ttft.max()),
+        }
+
+
+def is_engine_bundle(bundle) -> bool:
+    """Bundles `bench` times through the decode engine: cuda bundles (they have no graph `infer` to time)."""
+    return bundle.manifest.backend == "cuda"
+
+
+def run_decoder(bundle, config: BenchConfig = BenchConfig()) -> DecodeResult:
+    """`batch` streams (default 1) of `seq` random prompt tokens (default 128), each prefilled in one chunk, then
+    `iterations` decode steps (default 128) after `warmup` untimed ones. End of text is ignored, so every stream
+    decodes every step; greedy."""
+    from edgeattn.runtime.generation.decoder_bundle import open_decoder
+    from edgeattn.runtime.generation.engine import Engine, new_job
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    if config.duration is not None:
+        raise ConfigError("--duration: a decoder bundle is timed over --iterations decode steps; give those instead")
+    streams, prompt = config.batch or 1, config.seq or DEFAULT_PROMPT
+    steps = config.iterations or DEFAULT_DECODE_STEPS
+    model = open_decoder(bundle, threads=config.threads)
+    window = model.check_window(config.window or 0)
+    model.eos = set()  # every stream generates to the end of the run
+    model.activate()
+    rng = np.random.default_rng(config.seed)
+    events: list = []
+    try:
+        engine = Engine(model, slots=streams, prefill_chunk=min(prompt, model.layout.window_max),
+                        window=lambda: window, deliver=events.extend)
+
+        def submit(max_tokens: int) -> list:
+            jobs = [new_job(model.layout, rng.integers(0, model.vocab_size, prompt).tolist(), max_tokens=max_tokens,
+                            sampling=SamplingConfig()) for _ in range(streams)]
+            for job in jobs:
+                engine.add(job)
+            return jobs
+
+        if config.warmup:  # the prefill and every decode graph of this batch, untimed
+            submit(config.warmup + 1)
+            while not engine.idle():
+                engine.step()
+        events.clear()
+        jobs, first, step_ms = submit(steps + streams + 1), {}, []  # never done before `steps` are timed
+        while not engine.idle():
+            decoding = len(engine.decoding) == streams and not engine.prefilling and len(step_ms) < steps
+            t0 = time.perf_counter()
+            engine.step()
+            now = time.perf_counter()
+            if decoding:
+                step_ms.append((now - t0) * 1000.0)
+                if len(step_ms) == steps:
+                    engine.end_all()
+            for job, event in events:
+                if event.tokens and job not in first:
+                    first[job] = now
+            events.clear()
+    finally:
+        model.deactivate()
+    ttft = tuple((first[j] - j.arrived) * 1000.0 for j in jobs if j in first)
+    return DecodeResult(str(bundle.path), bundle.manifest.backend, streams, prompt, config.window, ttft,
+                        tuple(step_ms))
+
+
+def run(bundle_path: str | Path, config: BenchConfig = BenchConfig()) -> BenchResult | DecodeResult:
+    """Verify the bundle, then time `infer` on fixed inputs (cuda bundles: `run_decoder`)."""
     from edgeattn.runtime.backends import open_backend
 
     bundle = open_bundle(bundle_path)
+    if is_engine_bundle(bundle):
+        return run_decoder(bundle, config)
     m = bundle.manifest
     if config.window is not None and m.input("window") is None:
         raise ConfigError(f"--window: bundle {m.name!r} has no attention-window input")

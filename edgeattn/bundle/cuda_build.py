@@ -58,6 +58,21 @@ def _dtype(torch, precision: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
 
 
+def _dtype_name(tensor) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(tensor.dtype).removeprefix("torch."),
+                                                                       str(tensor.dtype).removeprefix("torch."))
+
+
+def layer_precision(tensors: dict, precision: str) -> dict:
+    """The manifest's per-layer precision: every stored matrix and vector by name (`wqkv.3`: layer 3's packed
+    Q/K/V projection) with its dtype, then what runs at that precision without being stored (attention, the
+    KV cache). The LM head, when tied, is the embedding."""
+    layers = {name: _dtype_name(t) for name, t in tensors.items()}
+    if "lm_head" not in layers:
+        layers["lm_head"] = f"{layers['embed']} (tied to embed)"
+    return {**layers, "attention": precision, "kv_cache": precision}
+
+
 def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda msg: None) -> Bundle:
     torch = require("torch", "building for the cuda target")
     transformers = require("transformers", "building for the cuda target")
@@ -106,8 +121,7 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
             name=config.name or check_model_name(Path(str(model)).name.replace(" ", "_")[:200] or "decoder", "name"),
             target={"name": "cuda", "backend": "cuda", "sm": sm, "precisions": list(CUDA_PRECISIONS)},
             backend="cuda", artifact=WEIGHTS_NAME, inputs=[], outputs=[], shape_ranges={},
-            precision={"float": config.precision, "layers": {"linear": config.precision, "attention": config.precision,
-                                                             "kv_cache": config.precision}},
+            precision={"float": config.precision, "layers": layer_precision(tensors, config.precision)},
             build_config={"target": "cuda", **{k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path)
                                                    else v) for k, v in asdict(config).items()}},
             toolchain={"edgeattn": __version__, "torch": torch.__version__, "transformers": transformers.__version__,

@@ -35,12 +35,45 @@ def inspect(bundle, as_json):
         report = b.report if failure is None and b.report.exists() else None  # an unverified report may lie
         console.print(Markdown(report.read_text(encoding="utf-8") if report else "(report not shown: the bundle "
                                "does not match its manifest)" if failure else "(no report)"))
+        layers = b.manifest.precision.get("layers") if isinstance(b.manifest.precision, dict) else None
+        if isinstance(layers, dict) and layers:
+            console.print(precision_table(layers, b.manifest.precision.get("float")))
         chain = b.manifest.sections.get("pipeline")
         if isinstance(chain, list) and chain:
             console.print(chain_table(chain))
         console.print(f"\nfiles: {len(b.manifest.files)}; {integrity}")
     if failure is not None:
         raise failure
+
+
+def precision_table(layers: dict, default=None):
+    """The manifest's per-layer precision, one row per matrix kind: layers with the same dtype in one range
+    (`wqkv 0-29  bf16`)."""
+    from rich.table import Table
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    for name, dtype in layers.items():
+        base, _, index = str(name).rpartition(".")
+        key = (base, str(dtype)) if index.isdigit() else (str(name), str(dtype))
+        groups.setdefault(key, []).append(int(index) if index.isdigit() else -1)
+    title = "precision: per layer" + (f" (float {default})" if default else "")
+    table = Table(title=title, title_justify="left")
+    for column in ("matrix", "layers", "dtype"):
+        table.add_column(column)
+    for (name, dtype), indices in groups.items():
+        table.add_row(name, _ranges(sorted(i for i in indices if i >= 0)), dtype)
+    return table
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'; [] -> '-'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in runs) or "-"
 
 
 def chain_table(chain: list):

@@ -18,6 +18,35 @@ def _controller_factory(spec: str):
         raise click.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--controller") from None
 
 
+class _Slots(click.ParamType):
+    """A number of slots, or `auto` (held as 0)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            return 0
+        try:
+            slots = int(value)
+        except ValueError:
+            self.fail(f"expected a number of slots or 'auto', found {value!r}", param, ctx)
+        if slots < 1:
+            self.fail(f"expected at least 1 slot (or 'auto'), found {slots}", param, ctx)
+        return slots
+
+
+def _sensor_gpu(bundles, sensor: str) -> int:
+    """NVML's index of the GPU a cuda bundle opens on (the first one served), else 0."""
+    from edgeattn.runtime.cuda.bundle import device_check, is_cuda_bundle, nvml_index
+
+    cuda = [b for b in bundles if is_cuda_bundle(b)]
+    if not cuda or sensor not in ("auto", "nvml"):
+        return 0
+    return nvml_index(device_check(cuda[0]))  # no GPU: the same error the model's opening gives
+
+
 def _budget_line(decoder, controller) -> str:
     """The live attention budget of a decoder at start-up, and what moves it."""
     from edgeattn.runtime.generation.engine import budget_rows
@@ -56,8 +85,9 @@ def _budget_line(decoder, controller) -> str:
 @click.option("--admin-token", default=None, metavar="TOKEN",
               help="Require 'Authorization: Bearer TOKEN' on the admin routes (/v2/admin/*) "
                    "[default: EDGEATTN_SERVE_ADMIN_TOKEN, else none: see docs/serving.md before binding 0.0.0.0].")
-@click.option("--slots", type=int, help="Decoder bundles: requests generating at once, batched at every decode "
-              "step (one KV-cache row each) [default: 8].")
+@click.option("--slots", type=_Slots(), help="Decoder bundles: requests generating at once, batched at every "
+              "decode step (one KV-cache row each), or 'auto': cuda bundles as many as fit in the GPU's memory left "
+              "after the weights and a reserve (at most 256), other decoder bundles 8 [default: auto].")
 @click.option("--prefill-chunk", type=int, help="Decoder bundles: prompt tokens per prefill step, interleaved "
               "with the decode steps of the other requests [default: 16].")
 @click.option("--prefill-in-step", type=int, help="Decoder bundles: prompts of at most this many tokens are "
@@ -116,12 +146,14 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
         if not (max_window or longest):
             raise click.BadParameter("the bundles have no sequence range: give --max-window", param_hint="--max-window")
         controller = thermal_controller(live, policy=thermal_policy, sensor=thermal_sensor,
-                                        max_window=max_window or longest)
+                                        max_window=max_window or longest, gpu=_sensor_gpu(opened, thermal_sensor))
     app = create_app(opened, settings, names=[name] if name else None, window=live, controller=controller)
     models = ", ".join(f"{n} ({b.manifest.backend})" for n, b in
                        zip([name] if name else [b.manifest.name for b in opened], opened))
     click.echo(f"serving {models} on http://{settings.host}:{settings.port} (max batch {settings.max_batch}, "
-               f"queue delay {settings.max_queue_delay_ms:g} ms, {settings.slots} generation slots)", err=True)
+               f"queue delay {settings.max_queue_delay_ms:g} ms)", err=True)
+    for decoder in app[DECODERS].values():
+        click.echo(f"generation slots of {decoder.describe()}", err=True)
     for decoder in app[DECODERS].values():
         click.echo(_budget_line(decoder, controller), err=True)
     serve_forever(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout_s,

@@ -20,8 +20,9 @@ def _tensor(key: str, name: str, dtype: str, dims: int, optional: bool) -> list[
     return lines + ["}"]
 
 
-def render_decoder_config(manifest, name: str, instances: int, kind: str) -> list[str]:
-    """The config lines after the header comments: no batching (an instance streams one request at a time)."""
+def render_decoder_config(manifest, name: str, instances: int, kind: str, gpus: tuple[int, ...] = ()) -> list[str]:
+    """The config lines after the header comments: no batching (an instance streams one request at a time).
+    `gpus`: the GPUs of KIND_GPU instances (`instances` on each; none: every GPU the server sees)."""
     decoder = manifest.sections["decoder"]
     lines = [f"# decoder: sinks {decoder['sinks']}, ring of {decoder['window_max']} rows; one request at a time "
              "per instance", f'name: "{name}"', 'backend: "python"', "max_batch_size: 0",
@@ -30,4 +31,5 @@ def render_decoder_config(manifest, name: str, instances: int, kind: str) -> lis
         lines += _tensor("input", tensor_name, dtype, dims, optional=tensor_name != "text_input")
     for tensor_name, dtype, dims in DECODER_OUTPUTS:
         lines += _tensor("output", tensor_name, dtype, dims, optional=False)
-    return lines + ["instance_group {", f"  count: {instances}", f"  kind: {kind}", "}"]
+    where = [f"  gpus: [ {', '.join(map(str, gpus))} ]"] if gpus else []
+    return lines + ["instance_group {", f"  count: {instances}", f"  kind: {kind}", *where, "}"]

@@ -7,7 +7,8 @@
 `text_output` (the new text), `token_ids` (the tokens generated since the previous response), `window` (the
 attention window it ran with) and `finish_reason` ("" until the last response: "stop" or "length").
 It runs `edgeattn.runtime.generation.generator.Generator`; an instance serves one request at a time
-(more instances: `--instances`). It runs inside Triton only (`triton_python_backend_utils`).
+(more instances: `--instances`). A cuda bundle opens on the GPU of its instance (`KIND_GPU`: Triton's
+`model_instance_device_id`). It runs inside Triton only (`triton_python_backend_utils`).
 """
 
 from __future__ import annotations
@@ -52,12 +53,32 @@ def generation_config(request):
                             **{k: given[k] for k in ("max_tokens", "window") if k in given})
 
 
+def instance_device(args) -> str:
+    """The torch device of this model instance: `cuda:N` for a GPU instance (N: Triton's device id), else the
+    current CUDA device."""
+    if str(args.get("model_instance_kind", "")).upper() in ("GPU", "KIND_GPU"):
+        return f"cuda:{int(args.get('model_instance_device_id') or 0)}"
+    return "cuda"
+
+
+def open_model(folder: Path, args):
+    """The engine's backend for the bundle in `folder`: a cuda bundle on this instance's GPU, else its own."""
+    from edgeattn.bundle.folder import open_bundle
+    from edgeattn.runtime.cuda.bundle import is_cuda_bundle, open_cuda_decoder
+    from edgeattn.runtime.generation.decoder_bundle import open_decoder
+
+    bundle = open_bundle(folder)
+    if is_cuda_bundle(bundle):
+        return open_cuda_decoder(bundle, device=instance_device(args))
+    return open_decoder(bundle)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from edgeattn.runtime.generation.generator import Generator
 
         folder = Path(args["model_repository"]) / args["model_version"] / "bundle"
-        self.generator = Generator.open(folder)
+        self.generator = Generator(open_model(folder, args))
         self.generator.model.activate()
 
     def _response(self, text, tokens, window, finish_reason=""):

@@ -13,7 +13,8 @@ What serves each kind of bundle:
   backend running the bundle through `edgeattn.runtime.backends`, for servers without an onnxruntime backend
   (the `tritonserver` that the nvidia-pytriton wheel ships has none).
 - decoder bundles (any target): a decoupled Python-backend model that streams text through
-  `edgeattn.runtime.generation` (`decoder_config.py`, `python_decoder_model.py`).
+  `edgeattn.runtime.generation` (`decoder_config.py`, `python_decoder_model.py`). A cuda bundle's model has
+  KIND_GPU instances (one per GPU by default; `gpus` picks the GPUs), each opening the bundle on its own GPU.
 Python-backend models get `edgeattn_environment.py` beside `model.py` and, with `python_path`, the folders
 that the server's Python must add to sys.path (`python_environment.py` says why and in which order).
 Dynamic batching is on when every input and output but the attention window leads with the batch dimension.
@@ -63,8 +64,12 @@ class TritonConfig:
     cpu_backend: str = "onnxruntime"  # cpu bundles: Triton's "onnxruntime" backend or the "python" backend
     python_path: tuple[str, ...] = ()  # Python-backend models: folders put in front of the server's sys.path
     window: int = 0  # attention window of requests that give none (Python backend), or fixed (onnxruntime_onnx)
+    gpus: tuple[int, ...] = ()  # GPU instances: the GPUs they run on (none: every GPU the server sees)
 
     def __post_init__(self) -> None:
+        if any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in self.gpus) or \
+                len(set(self.gpus)) != len(self.gpus):
+            raise ConfigError(f"gpus: expected distinct GPU indices >= 0, found {list(self.gpus)}")
         if self.window < 0:
             raise ConfigError(f"window: expected >= 0 (0 = full attention), found {self.window}")
         if self.cpu_backend not in CPU_BACKENDS:
@@ -158,7 +163,7 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
     instance_kind = "KIND_CPU" if m.backend == "onnxruntime" else "KIND_GPU"
     header = f"{CONFIG_MARK} {m.name} for target {m.target['name']} ({m.backend})"
     if kind == "python_decoder":
-        lines = [header, *render_decoder_config(m, name, cfg.instances, instance_kind)]
+        lines = [header, *render_decoder_config(m, name, cfg.instances, instance_kind, cfg.gpus)]
         lines += [f'version_policy: {{ specific: {{ versions: [ {cfg.version} ] }} }}', *_python_path_lines(cfg)]
         return "\n".join(lines) + "\n"
     max_batch, why = _batching(bundle, cfg)
@@ -180,6 +185,8 @@ def render_config(bundle: Bundle, cfg: TritonConfig, name: str) -> str:
             lines.append(f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]")
         lines += [f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}", "}"]
     lines += ["instance_group {", f"  count: {cfg.instances}", f"  kind: {instance_kind}"]
+    if cfg.gpus:
+        lines.append(f"  gpus: [ {', '.join(map(str, cfg.gpus))} ]")
     profiles = len(m.sections.get("engine", {}).get("profiles", []))
     if m.backend == "tensorrt" and profiles > 1:  # let every instance use all of the engine's profiles
         names = ", ".join(f'"{i}"' for i in range(profiles))
@@ -253,6 +260,8 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
     if cfg.python_path and not kind.startswith("python"):
         raise InputError(f"--python-path is for Python-backend models (rtx, decoder, or cpu with --cpu-backend "
                          f"python), found a {m.backend} bundle served by {kind}")
+    if cfg.gpus and m.backend == "onnxruntime" and kind != "python_decoder":
+        raise InputError(f"--gpus is for models whose instances run on GPUs, found a {m.backend} bundle (KIND_CPU)")
     name = check_model_name(cfg.model_name or m.name, "model name")  # never a path: it is a folder in REPO
     repo = Path(repo)
     launch = repo / "launch.sh"

@@ -1,20 +1,29 @@
 """Open a cuda bundle (edgeattn.bundle.cuda_build) on this machine's GPU as the engine's backend.
 
 Each refusal is a clear error before anything is loaded: no PyTorch with CUDA or no GPU, a GPU older than
-sm_80, a bundle whose ahead-of-time kernels are for other architectures, a model or a slot pool that does not
-fit in the GPU's free memory (with how much is needed and how much is free).
+sm_80, a bundle whose ahead-of-time kernels are for other architectures, a model that does not fit in the GPU's
+free memory, and later a slot pool that does not fit in what the weights left (memory.py: the sizes needed and
+found). A bundle built in bf16 runs in fp16 on a GPU without bf16 (the choice is logged, and recorded in the
+decoder's `info["precision"]`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 
-from edgeattn.errors import BundleError, ConfigError, TargetError
+from edgeattn.errors import BundleError, TargetError
 from edgeattn.optional import require
+from edgeattn.runtime.cuda.memory import (ACTIVATION_BYTES_PER_VOCAB_ENTRY, SlotPlan, check_weights_fit,
+                                          plan_slots)
 
 MIN_SM = 80  # bf16 and the kernels' tensor-core paths
 GEOMETRY_NAME = "decoder.json"  # edgeattn.bundle.cuda_build writes it
 WEIGHTS_NAME = "weights.safetensors"
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+log = logging.getLogger(__name__)
 
 
 def is_cuda_bundle(bundle) -> bool:
@@ -22,13 +31,15 @@ def is_cuda_bundle(bundle) -> bool:
 
 
 def device_check(bundle, device: str = "cuda"):
-    """The torch device for a cuda bundle, or a TargetError saying what is missing."""
+    """The torch device for a cuda bundle (with its index), or a TargetError saying what is missing."""
     torch = require("torch", "running a cuda bundle")
     if not torch.cuda.is_available():
         built = "with CUDA" if torch.version.cuda else "without CUDA (a CPU build)"
         raise TargetError(f"{bundle.path}: a cuda bundle needs an NVIDIA GPU and PyTorch with CUDA; found torch "
                           f"{torch.__version__} {built} and no usable GPU")
     dev = torch.device(device)
+    if dev.index is None:
+        dev = torch.device(dev.type, torch.cuda.current_device())
     major, minor = torch.cuda.get_device_capability(dev)
     sm = 10 * major + minor
     name = torch.cuda.get_device_name(dev)
@@ -41,20 +52,52 @@ def device_check(bundle, device: str = "cuda"):
     return dev
 
 
-def memory_check(bundle, streams: int, device) -> None:
+def runtime_precision(built: str, bf16_supported: bool) -> tuple[str, str]:
+    """(the precision a bundle built in `built` runs in, why): bf16 becomes fp16 on a GPU without bf16."""
+    if built == "bf16" and not bf16_supported:
+        return "fp16", "bf16 is not supported on this GPU: running in fp16"
+    return built, f"{built}, as built"
+
+
+def nvml_index(device) -> int:
+    """NVML's index of a CUDA device (NVML counts GPUs in PCI order; CUDA may not, and CUDA_VISIBLE_DEVICES
+    renumbers them): matched by UUID when NVML can say, else the CUDA_VISIBLE_DEVICES entry, else CUDA's index."""
     torch = require("torch", "running a cuda bundle")
-    d = bundle.manifest.sections["decoder"]
-    free, _ = torch.cuda.mem_get_info(device)
-    need = int(d["weights_bytes"]) + streams * int(d["cache_bytes_per_stream"])
-    if need > free:
-        fit = max((free - int(d["weights_bytes"])) // int(d["cache_bytes_per_stream"]), 0)
-        raise ConfigError(f"{bundle.path}: {streams} slots need {need / 2**30:.2f} GiB (weights "
-                          f"{int(d['weights_bytes']) / 2**30:.2f} GiB + {int(d['cache_bytes_per_stream']) / 2**20:.1f} "
-                          f"MiB a slot), found {free / 2**30:.2f} GiB free on the GPU: at most {fit} slots fit")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        import pynvml
+
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            return int(pynvml.nvmlDeviceGetIndex(handle))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no pynvml, no driver, or a torch without uuid: fall back on the numbering
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        if index < len(visible) and visible[index].isdigit():
+            return int(visible[index])
+        return index
 
 
-def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "linked"):
-    """A CudaDecoder over the bundle's weights on the GPU (the bundle's files are hashed and confined)."""
+def _cast(torch, tensors: dict, dtype) -> dict:
+    """bf16 tensors as `dtype`; a TargetError if a weight does not fit its range (fp16's largest is 65504)."""
+    out = {k: v.to(dtype) if v.dtype == torch.bfloat16 else v for k, v in tensors.items()}
+    bad = [k for k, v in out.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise TargetError(f"weights {', '.join(bad[:4])}: expected values within {dtype}'s range, found some beyond "
+                          f"it: rebuild with --precision fp32 or run on a GPU with bf16")
+    return out
+
+
+def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "linked",
+                      mem_get_info=None, bf16: bool | None = None):
+    """A CudaDecoder over the bundle's weights on the GPU (the bundle's files are hashed and confined).
+
+    `mem_get_info`: () -> (free, total) bytes, the GPU's by default (tests give a figure on CPU tensors); with one,
+    the weights are checked against it before they load, the slot pool is sized from it (`slot_plan`) and every
+    cache is checked before it is allocated. `bf16`: whether the device runs bf16 (the GPU's answer by default)."""
     torch = require("torch", "running a cuda bundle")
     require("safetensors", "running a cuda bundle")
     from safetensors.torch import load_file
@@ -67,16 +110,50 @@ def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = 
     if not is_cuda_bundle(bundle):
         raise BundleError(f"{bundle.path}: expected a cuda bundle, found backend {bundle.manifest.backend!r}")
     dev = device_check(bundle, device) if device != "cpu" else torch.device("cpu")
+    on_gpu = dev.type == "cuda"
+    read = mem_get_info or ((lambda: torch.cuda.mem_get_info(dev)) if on_gpu else None)
+    where = f"{torch.cuda.get_device_name(dev)} ({dev})" if on_gpu else str(dev)
+    section = dict(bundle.manifest.sections["decoder"])
+    if read is not None:
+        free, total = read()
+        check_weights_fit(bundle.path, int(section["weights_bytes"]), int(free), int(total), where)
+    built = str(bundle.manifest.precision.get("float", "bf16"))
+    supported = bf16 if bf16 is not None else (torch.cuda.is_bf16_supported() if on_gpu else True)
+    precision, why = runtime_precision(built, supported)
+    if precision != built:
+        log.warning("%s: %s", bundle.path, why)
     geometry = json.loads(bundle.file(GEOMETRY_NAME).read_text(encoding="utf-8"))
     fields = {k: geometry[k] for k in DecoderShape.__dataclass_fields__}
     if window_max is not None:
         fields["window_max"] = int(window_max)
     shape = DecoderShape(**fields)
     tensors = load_file(str(bundle.file(bundle.manifest.artifact)), device=str(dev))
-    weights = PackedDecoder.from_state_dict(shape, tensors, float(geometry.get("rope_scaling", 1.0)))
+    if precision != built:
+        tensors = _cast(torch, tensors, getattr(torch, DTYPES[precision]))
     generation = json.loads(bundle.file(GENERATION_FILE).read_text(encoding="utf-8"))
     codec = TextCodec.from_files(bundle.file(TOKENIZER_FILE), generation)
-    check = (lambda streams: memory_check(bundle, streams, dev)) if dev.type == "cuda" else None
+    rope = float(geometry.get("rope_scaling", 1.0))
+    weights = PackedDecoder.from_state_dict(shape, tensors, rope)
+    info = {**section, "precision": precision, "precision_note": why, "device": str(dev), "device_name": where}
+    check = None
+    if read is not None:
+        figures = dict(weights=int(section["weights_bytes"]), cache_bytes_per_slot=weights.cache_bytes_per_stream(),
+                       activation_bytes_per_slot=ACTIVATION_BYTES_PER_VOCAB_ENTRY * shape.vocab)
+        free, total = read()  # what the weights left
+        info["memory"] = {"free": int(free), "total": int(total), **figures}
+
+        def check(streams: int) -> None:
+            now_free, now_total = read()
+            plan_slots(bundle.path, free=int(now_free), total=int(now_total), requested=streams, **figures)
+
     return CudaDecoder(weights, codec, generation.get("eos_token_ids", []),
-                       compile=compile if dev.type == "cuda" else "none",
-                       info=bundle.manifest.sections.get("decoder"), memory_check=check)
+                       compile=compile if on_gpu else "none", info=info, memory_check=check)
+
+
+def slot_plan(decoder, requested: int | None = None, where="the model") -> SlotPlan | None:
+    """The slot pool of an opened cuda decoder: `requested` slots, or as many as fit (None); None when the
+    decoder was opened without a memory figure (CPU tensors)."""
+    memory = decoder.info.get("memory")
+    if not memory:
+        return None
+    return plan_slots(where, requested=requested, **memory)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
+from edgeattn.runtime.cuda.bundle import is_cuda_bundle, slot_plan
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Event, Job, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
@@ -22,7 +23,7 @@ from edgeattn.runtime.live_window import LiveWindow
 from edgeattn.runtime.server.metrics import ServerMetrics
 from edgeattn.runtime.server.scheduler import SlotScheduler
 from edgeattn.runtime.server.served_model import longest_sequence
-from edgeattn.runtime.server.settings import ServeSettings
+from edgeattn.runtime.server.settings import DEFAULT_SLOTS, ServeSettings
 
 DEFAULT_MAX_TOKENS_LIMIT = 4096  # when the model does not say how many positions it was trained for
 
@@ -60,6 +61,9 @@ class DecoderRuntime:
             raise ConfigError(f"window_max: expected at most {name!r}'s ring of {ring} rows, found "
                               f"{settings.window_max}")
         self.model = open_decoder(bundle, window_max=settings.window_max or None, threads=settings.threads)
+        # cuda bundles: the slot pool sized from (or checked against) the GPU's memory left after the weights
+        self.plan = slot_plan(self.model, settings.slots or None, repr(name)) if is_cuda_bundle(bundle) else None
+        self.slots = self.plan.slots if self.plan else settings.slots or DEFAULT_SLOTS
         self.live_window, self.metrics = window, metrics
         self.ready = False
         self.created = int(time.time())
@@ -69,11 +73,23 @@ class DecoderRuntime:
         self._streams: dict[Job, asyncio.Queue] = {}
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # the worker's events, for the courier thread
         self._courier: threading.Thread | None = None
-        self.scheduler = SlotScheduler(self.model, slots=settings.slots, max_queue=settings.max_queue,
+        self.scheduler = SlotScheduler(self.model, slots=self.slots, max_queue=settings.max_queue,
                                        prefill_chunk=settings.prefill_chunk, window=window.budget,
                                        deliver=self._deliver, metrics=metrics.generation, model_name=name,
                                        prefill_in_step=settings.prefill_in_step)
-        metrics.generation.slots.labels(name).set(settings.slots)
+        g = metrics.generation
+        g.slots.labels(name).set(self.slots)
+        cache_bytes = int(getattr(self.scheduler.cache, "nbytes", 0))
+        g.cache_bytes.labels(name).set(cache_bytes)
+        g.slot_bytes.labels(name).set(cache_bytes // self.slots)
+
+    def describe(self) -> str:
+        """One line for the start-up log: the slots, the bytes a slot's cache takes, and the memory."""
+        if self.plan is not None:
+            return f"{self.name}: {self.plan.describe()}; running in {self.model.info.get('precision')}"
+        cache = int(getattr(self.scheduler.cache, "nbytes", 0))
+        return (f"{self.name}: {self.slots} slots x {cache / self.slots / 2**20:.1f} MiB of cache = "
+                f"{cache / 2**30:.2f} GiB")
 
     @property
     def codec(self):
@@ -101,7 +117,7 @@ class DecoderRuntime:
 
         self.model.activate()
         cache = self.scheduler.cache
-        for rows in sorted({1, self.settings.slots})[: 1 + (self.settings.warmup_runs > 0)]:
+        for rows in sorted({1, self.slots})[: 1 + (self.settings.warmup_runs > 0)]:
             self.model.step(cache, list(range(rows)), np.zeros((rows, 1), dtype=np.int64), 0)
         for slot in range(cache.streams):
             cache.reset(slot)
@@ -183,10 +199,10 @@ class DecoderRuntime:
         return {"name": self.name, "versions": ["1"], "platform": "edgeattn_decoder",
                 "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}],
                 "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}],
-                "parameters": {"slots": self.settings.slots, "sinks": layout.sinks, "window_max": layout.window_max,
+                "parameters": {"slots": self.slots, "sinks": layout.sinks, "window_max": layout.window_max,
                                "max_tokens_limit": self.max_tokens_limit}}
 
     def statistics(self) -> dict:
-        return {"name": self.name, "version": "1", "slots": self.settings.slots, "busy": self.scheduler.busy,
+        return {"name": self.name, "version": "1", "slots": self.slots, "busy": self.scheduler.busy,
                 "waiting": self.scheduler.depth, "slot_moves": self.scheduler.moves,
                 "profile": self.scheduler.profile.snapshot()}

@@ -71,6 +71,10 @@ class GenerationMetrics:
         self.waiting = Gauge("edgeattn_requests_waiting", "Generation requests queued for a slot", ["model"],
                              registry=r)
         self.slots = Gauge("edgeattn_slots", "Slots (requests that can generate at once)", ["model"], registry=r)
+        self.cache_bytes = Gauge("edgeattn_kv_cache_bytes", "Bytes of the KV cache allocated for every slot",
+                                 ["model"], registry=r)
+        self.slot_bytes = Gauge("edgeattn_kv_cache_slot_bytes", "Bytes of KV cache a slot takes", ["model"],
+                                registry=r)
         self.kv_tokens = Gauge("edgeattn_kv_cache_tokens", "Tokens whose keys and values the cache holds",
                                ["model"], registry=r)
         self.evicted = Counter("edgeattn_kv_cache_evicted_tokens", "Tokens dropped from the cache (ring "

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, fields
 from edgeattn.errors import ConfigError
 
 ENV_PREFIX = "EDGEATTN_SERVE_"
+DEFAULT_SLOTS = 8  # decoder bundles other than cuda ones, when the slots are "auto"
+AUTO = "auto"  # slots sized by the model: given as this word, held as 0
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,8 @@ class ServeSettings:
     max_stops: int = 4  # generation: stop strings per request (OpenAI's limit); more get 400
     max_stop_chars: int = 256  # generation: characters per stop string; longer get 400
     admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
-    slots: int = 8  # decoder bundles: requests generating at once (one KV-cache row each), batched every step
+    slots: int = 0  # decoder bundles: requests generating at once (one KV-cache row each), batched every step;
+    # 0 ("auto"): cuda bundles as many as fit in the GPU's memory (runtime/cuda/memory.py), others DEFAULT_SLOTS
     prefill_chunk: int = 16  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps;
     # 16: such a step costs about one full decode step on a CPU, docs/serving.md "Where the time goes")
     prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
@@ -39,7 +42,7 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: expected 0..65535, found {self.port}")
-        for name in ("max_batch", "max_queue", "max_body_bytes", "slots", "prefill_chunk",
+        for name in ("max_batch", "max_queue", "max_body_bytes", "prefill_chunk",
                      "max_generate_body_bytes", "max_stop_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, found {getattr(self, name)}")
@@ -49,7 +52,7 @@ class ServeSettings:
         for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
-        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max", "max_stops"):
+        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max", "max_stops", "slots"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
 
@@ -61,6 +64,9 @@ class ServeSettings:
         for f in fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
+                if f.name == "slots" and raw.strip().lower() == AUTO:
+                    values[f.name] = 0
+                    continue
                 kind = type(getattr(cls, f.name))
                 try:
                     values[f.name] = kind(raw)

@@ -14,9 +14,9 @@ RESPONSE_KEYS = {"temp_c": "device_temp_c", "throttle": "device_throttle", "powe
 
 
 def thermal_controller(window: LiveWindow, *, policy: Path, sensor: str = "auto", max_window: int,
-                       hz: float = 2.0) -> ThermalController:
-    """A controller that drives `window` from `sensor` through the policy in `policy` (TOML or YAML)."""
-    return ThermalController(open_sensor(sensor), load_policy(Path(policy)), window, max_window, hz=hz)
+                       hz: float = 2.0, gpu: int = 0) -> ThermalController:
+    """A controller that drives `window` from `sensor` (NVML: GPU `gpu`) through the policy in `policy`."""
+    return ThermalController(open_sensor(sensor, gpu), load_policy(Path(policy)), window, max_window, hz=hz)
 
 
 def response_parameters(controller) -> dict:
