@@ -138,6 +138,8 @@ EXPORT_TRITON_SMOL = f"edgeattn export-triton smollm2.edgeattn --repo repo --nam
 CHAT_CURL = ("curl -sN 127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": "
              "\"smollm2\",\n\"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about heat.\"}], "
              "\"max_tokens\": 64, \"stream\": true}'")
+BUDGET_CURL = ("curl -s 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{\"model\": "
+               "\"smollm2\", \"prompt\": \"The capital of Portugal is\", \"max_tokens\": 8, \"attention_budget\": 260}'")
 
 CASES: dict[tuple[str, str], Case] = {
     # README
@@ -159,6 +161,9 @@ CASES: dict[tuple[str, str], Case] = {
                            '--raw'): Case("slow", smollm2=True, subs=(("--prompt", "--max-tokens 24 --prompt"),)),
     ("docs/generation.md", "edgeattn generate smollm2.edgeattn --chat chat.json --max-tokens 64 --stream"): Case(
         "slow", smollm2=True, setup=CHAT),
+    ("docs/generation.md", 'edgeattn generate smollm2.edgeattn --prompt "Explain what a heat sink does" --budget 260 '
+                           '--budget-recent 1'): Case(
+        "slow", smollm2=True, subs=(("--prompt", "--max-tokens 24 --prompt"),), why="24 tokens"),
     ("docs/generation.md", "edgeattn build smollm2 --target cuda --out smollm2.cuda"): Case(
         "slow", expect="target cuda"),
     ("docs/generation.md", 'edgeattn generate smollm2.cuda --prompt "Explain what a heat sink does"'): skip(GPU),
@@ -246,6 +251,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("docs/serving.md", CHAT_CURL): Case(
         "slow", smollm2=True, serve="edgeattn serve smollm2.edgeattn --name smollm2 --slots 8 --port {port}",
         subs=(("127.0.0.1:8000", "127.0.0.1:{port}"),), expect="data:"),
+    ("docs/serving.md", BUDGET_CURL): Case(
+        "slow", smollm2=True, serve="edgeattn serve smollm2.edgeattn --name smollm2 --slots 8 --port {port}",
+        subs=(("127.0.0.1:8000", "127.0.0.1:{port}"),), expect='"attention_budget": 260'),
     ("docs/serving.md", "python benchmarks/serve_generate.py"): skip(BENCH),
     ("docs/serving.md", "python benchmarks/serve_generate.py --requests 640 --rounds 1"): skip(BENCH),
     ("docs/serving.md", "python benchmarks/serve_generate.py --bundle smol.edgeattn --skip correctness --rounds 2 "
@@ -287,6 +295,12 @@ CASES: dict[tuple[str, str], Case] = {
         Case("ci"),
     ("docs/thermal.md", "edgeattn thermal simulate --model fit.json --policy tuned.toml --workload hot-ambient "
                         "--out sim-tuned/"): Case("ci", expect="0 trip crossings"),
+    ("docs/thermal.md", "edgeattn thermal tune --model fit.json --workload hot-ambient --quick --budget-recent 0.25 "
+                        "--out budget.toml"): Case("ci", expect="mean budget"),
+    ("docs/thermal.md", "edgeattn thermal simulate --model fit.json --policy budget.toml --workload hot-ambient "
+                        "--out sim-budget/"): Case(
+        "ci", setup="edgeattn thermal tune --model fit.json --workload hot-ambient --quick --budget-recent 0.25 "
+                    "--out budget.toml", expect="0 trip crossings, mean budget"),
     ("docs/thermal.md", "python benchmarks/gpu_heat_load.py --seconds 66 --on 15 --off 15 &"): skip(GPU),
     ("docs/thermal.md", "python -m edgeattn.cli.main thermal record --source nvml --seconds 60 --out "
                         "$OUT/trace.csv; wait"): skip(GPU),

@@ -164,7 +164,8 @@ def reads_pages(model) -> bool:
 
 def live_budget(model: DecoderBackend, value) -> AttentionBudget:
     """The budget a step runs with on this model's ring, from a window (int) or an AttentionBudget: a window
-    beyond the ring is the whole ring (and then no pages), pages beyond the ring are dropped."""
+    beyond the ring is the whole ring (and then no pages), pages beyond the ring are dropped; a budget with
+    pages goes through the backend's `check_budget` where it has one (a bundle without key bounds refuses)."""
     layout = model.layout
     window, pages, page = (value.window, value.pages, value.page) if isinstance(value, AttentionBudget) \
         else (value, 0, DEFAULT_PAGE)
@@ -178,7 +179,9 @@ def live_budget(model: DecoderBackend, value) -> AttentionBudget:
         raise ConfigError(f"attention budget: expected a backend that reads retrieval pages, found "
                           f"{type(model).__name__}, which reads the window only: give a window (a budget with "
                           f"recent = 1.0)")
-    return AttentionBudget(window, pages, page, layout.sinks)
+    budget = AttentionBudget(window, pages, page, layout.sinks)
+    check = getattr(model, "check_budget", None) if pages else None
+    return budget if check is None else check(budget)
 
 
 def capped_budget(layout: RingLayout, live: AttentionBudget, rows: int | None) -> AttentionBudget:

@@ -127,7 +127,9 @@ class Generator:
             window = config.window if config.budget is None else \
                 AttentionBudget.from_total(model.layout, config.budget, recent=config.budget_recent)
         read = window if callable(window) else (lambda: window)
-        live_budget(model, read())  # a bad window or budget fails before any work
+        first = read()  # a bad window or budget fails before any work
+        model.check_window(first.window if isinstance(first, AttentionBudget) else first)
+        live_budget(model, first)
         job = new_job(model.layout, self.prompt_ids(prompt), max_tokens=config.max_tokens, sampling=config.sampling,
                       stops=config.stop, pin=config.pin)
         res = result if result is not None else GenerationResult("", [], "length", 0, 0, [])
