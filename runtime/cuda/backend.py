@@ -5,8 +5,10 @@ the next tokens are chosen on the device, so only token ids cross to the host.
 Decode steps (one token for streams 0..n-1) replay a graph captured for the bucket (the next power of two >= n)
 and the attention kernel's split count (sized from the live window); rows n..bucket-1 run along and are
 ignored: they write the row their stream would write next, which that stream overwrites before reading it,
-and their draw counters do not move. Prefill chunks run eagerly (prefill.py). Sampling state (seed and draws
-so far) belongs to a cache row and moves with it, so a seeded stream draws the same tokens whatever runs beside.
+and their draw counters do not move. Prefill chunks run eagerly (prefill.py), the chunks of several streams in
+one pass (`prefill` / `prefill_sample`: chunks of any lengths; the engine hands up to `prefill_tokens` tokens a
+step). Sampling state (seed and draws so far) belongs to a cache row and moves with it, so a seeded stream draws
+the same tokens whatever runs beside.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.optional import require
 from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder
-from edgeattn.runtime.cuda.prefill import prefill_logits
+from edgeattn.runtime.cuda.prefill import prefill_batch
 from edgeattn.runtime.cuda.sampling import DeviceSampling, sample
 from edgeattn.runtime.generation.cache import StreamPositions
 
@@ -78,11 +80,16 @@ class CudaCache(StreamPositions):
 
 
 class CudaDecoder:
-    """A Llama-family decoder on one GPU. `compile`: the decode step's torch.compile mode (decode_step)."""
+    """A Llama-family decoder on one GPU. `compile`: the decode step's torch.compile mode (decode_step).
+    `prefill_tokens`: prompt tokens the engine prefills a step, in one pass (8,192 keeps a step near 60 ms for a
+    135M model on an H200, and the pass's activations small)."""
 
     def __init__(self, weights: PackedDecoder, codec=None, eos=(), *, compile: str = "linked",
-                 info: dict | None = None, memory_check=None) -> None:
+                 info: dict | None = None, memory_check=None, prefill_tokens: int = 8192) -> None:
         self.torch = require("torch", "generation on CUDA")
+        if prefill_tokens < 1:
+            raise ConfigError(f"prefill_tokens: expected >= 1, found {prefill_tokens}")
+        self.prefill_tokens = int(prefill_tokens)
         self.weights = weights
         self.info = dict(info or {})  # a bundle's decoder section (max_positions, sizes), as DecoderModel's
         self._memory_check = memory_check  # called with a cache's stream count before it is allocated
@@ -126,13 +133,39 @@ class CudaDecoder:
     def step(self, cache: CudaCache, streams: list[int], ids, window: int, *, last_only: bool = False) -> np.ndarray:
         """ids [n, S] -> float32 logits on the host, [n, 1 or S, V]; the streams advance by S."""
         ids, window = self._check(cache, streams, ids, window)
+        n, length = ids.shape
         if self._is_decode(streams, ids):
-            logits = self._decode(cache, len(streams), ids[:, 0], window, None)[:, None]
+            logits = self._decode(cache, n, ids[:, 0], window, None)[:, None]
         else:
-            logits = self.torch.stack([self._prefill(cache, r, ids[i], window, last_only)
-                                       for i, r in enumerate(streams)])
-        self._advance(cache, streams, ids.shape[1])
+            logits = self._prefill(cache, streams, ids.reshape(-1), [length] * n, window, last_only)
+            logits = logits.view(n, 1 if last_only else length, -1)
+        self._advance(cache, streams, length)
         return logits.float().cpu().numpy()
+
+    def prefill(self, cache: CudaCache, streams: list[int], chunks: Sequence, window: int) -> np.ndarray:
+        """chunks: one 1-D array of token ids per stream, of any lengths -> float32 logits [n, V] of each chunk's
+        last token, on the host; the streams advance by their chunks' lengths (none when it raises)."""
+        ids, lengths, window = self._check_chunks(cache, streams, chunks, window)
+        logits = self._prefill(cache, streams, ids, lengths, window, True)
+        self._advance(cache, streams, lengths)
+        return logits.float().cpu().numpy()
+
+    def prefill_sample(self, cache: CudaCache, streams: list[int], chunks: Sequence, window: int,
+                       sampling: Sequence) -> np.ndarray:
+        """prefill, then the next token of each stream chosen on the device: int64 [n]."""
+        ids, lengths, window = self._check_chunks(cache, streams, chunks, window)
+        if len(sampling) != len(streams):
+            raise InputError(f"sampling: expected one setting per stream ({len(streams)}), found {len(sampling)}")
+        if not all(c.greedy for c in sampling):
+            self._set_sampling(cache, streams, sampling)
+        logits = self._prefill(cache, streams, ids, lengths, window, True)
+        chosen = logits.argmax(dim=-1)
+        for i, config in enumerate(sampling):
+            if not config.greedy:
+                r = streams[i]
+                chosen[i:i + 1] = self._choose(logits[i:i + 1], cache, r, config, int(cache.positions[r]) + lengths[i])
+        self._advance(cache, streams, lengths)
+        return chosen.cpu().numpy()
 
     def step_sample(self, cache: CudaCache, streams: list[int], ids, window: int, sampling: Sequence) -> np.ndarray:
         """ids [n, S] -> the next token of each stream, int64 [n], chosen on the device."""
@@ -142,13 +175,14 @@ class CudaDecoder:
         greedy = all(c.greedy for c in sampling)
         if not greedy:
             self._set_sampling(cache, streams, sampling)
+        n, length = ids.shape
         if self._is_decode(streams, ids):  # an all-greedy batch takes the argmax graph (no sort of the vocabulary)
-            chosen = self._decode(cache, len(streams), ids[:, 0], window, "greedy" if greedy else cache.sampling)
+            chosen = self._decode(cache, n, ids[:, 0], window, "greedy" if greedy else cache.sampling)
         else:
-            chosen = self.torch.cat([self._choose(self._prefill(cache, r, ids[i], window, True), cache, r,
-                                                  sampling[i], int(cache.positions[r]) + ids.shape[1])
-                                     for i, r in enumerate(streams)])
-        self._advance(cache, streams, ids.shape[1])
+            logits = self._prefill(cache, streams, ids.reshape(-1), [length] * n, window, True)
+            chosen = self.torch.cat([self._choose(logits[i:i + 1], cache, r, sampling[i],
+                                                  int(cache.positions[r]) + length) for i, r in enumerate(streams)])
+        self._advance(cache, streams, length)
         return chosen.cpu().numpy()
 
     def _check(self, cache, streams, ids, window):
@@ -163,13 +197,31 @@ class CudaDecoder:
             raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
         return ids, self.check_window(window)
 
+    def _check_chunks(self, cache, streams, chunks, window):
+        """(the chunks packed into one array, their lengths, the window) after checking them."""
+        if not len(streams) or len(chunks) != len(streams):
+            raise InputError(f"chunks: expected one chunk per stream ({len(streams)} streams, at least one), "
+                             f"found {len(chunks)}")
+        if len(set(streams)) != len(streams) or not all(0 <= r < cache.streams for r in streams):
+            raise InputError(f"streams: expected distinct rows of the cache's {cache.streams}, found {list(streams)}")
+        chunks = [np.asarray(c, dtype=np.int64) for c in chunks]
+        for c in chunks:
+            if c.ndim != 1 or not 1 <= c.shape[0] <= self.layout.window_max:
+                raise InputError(f"a chunk: expected 1-D, 1 to {self.layout.window_max} tokens (the ring), "
+                                 f"found shape {list(c.shape)}")
+        ids = np.concatenate(chunks)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise InputError(f"token ids: expected 0 to {self.vocab_size - 1}, found {int(ids.min())}..{int(ids.max())}")
+        return ids, [c.shape[0] for c in chunks], self.check_window(window)
+
     @staticmethod
     def _is_decode(streams, ids) -> bool:
         return ids.shape[1] == 1 and list(streams) == list(range(len(streams)))
 
     @staticmethod
-    def _advance(cache, streams, n: int) -> None:
-        cache.positions[np.asarray(streams)] += n
+    def _advance(cache, streams, n) -> None:
+        """Each stream's position moves by n (an int, or one length per stream)."""
+        cache.positions[np.asarray(streams)] += np.asarray(n, dtype=np.int64)
 
     def _set_sampling(self, cache: CudaCache, streams, sampling) -> None:
         """Each row's settings on the device; rows whose settings did not change since the last call are left."""
@@ -198,11 +250,13 @@ class CudaDecoder:
         counters = self.torch.tensor([position], device=logits.device)
         return sample(logits, cache.sampling.rows(row, row + 1), counters)
 
-    def _prefill(self, cache, row: int, ids, window: int, last_only: bool):
+    def _prefill(self, cache, streams, ids, lengths, window: int, last_only: bool):
+        """ids: the chunks packed ([T], host) -> logits [n, V] (last_only) or [T, V] on the device."""
         ids = self.torch.as_tensor(ids, device=self.weights.device)
+        starts = [int(cache.positions[r]) for r in streams]
         with self.torch.no_grad():
-            return prefill_logits(self.weights, ids, int(cache.positions[row]), window, cache.keys, cache.values,
-                                  row, last_only=last_only)
+            return prefill_batch(self.weights, ids, lengths, starts, window, cache.keys, cache.values, list(streams),
+                                 last_only=last_only)
 
     def _decode(self, cache: CudaCache, n: int, ids, window: int, sampling):
         from edgeattn.plugins.kernels.cached_decode import cached_decode_splits

@@ -25,6 +25,15 @@ The engine calls `step` with the decoding streams as consecutive rows from 0 (a 
 cache, or replay a captured graph per row count), with one stream for a prefill chunk, and always with
 `last_only=True`.
 
+A backend that prefills several streams in one call (`PrefillBackend`) offers
+`prefill(cache, streams, chunks, window)`: `chunks` one 1-D int64 array per stream, of any lengths (a ragged
+batch), returning float logits [len(streams), V] of each chunk's last position; every stream advances by its
+chunk's length (when it raises, the engine puts their positions back). Its `prefill_tokens` says how many prompt
+tokens the engine may hand it in one step (the engine's default per-step budget). The engine then prefills the
+next chunk of every prefilling stream that fits the budget in one `prefill` call; without it, one chunk a step
+through `step`. A sampling backend that prefills in batches offers `prefill_sample(cache, streams, chunks, window,
+sampling)` too (`SamplingPrefillBackend`), returning int64 token ids [len(streams)].
+
 A backend that also chooses the next token on its device (so only token ids cross to the host) offers
 `step_sample(cache, streams, ids, window, sampling)`, with one `SamplingConfig` per stream, returning int64 token
 ids [len(streams)] for each stream's last position; the engine then calls it, instead of `step` and its own
@@ -79,3 +88,17 @@ class BudgetBackend(DecoderBackend, Protocol):
 class SamplingBackend(DecoderBackend, Protocol):
     def step_sample(self, cache: StreamPositions, streams: list[int], ids: np.ndarray, window: int,
                     sampling: Sequence[SamplingConfig]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class PrefillBackend(DecoderBackend, Protocol):
+    prefill_tokens: int
+
+    def prefill(self, cache: StreamPositions, streams: list[int], chunks: Sequence[np.ndarray],
+                window: int) -> np.ndarray: ...
+
+
+@runtime_checkable
+class SamplingPrefillBackend(SamplingBackend, PrefillBackend, Protocol):
+    def prefill_sample(self, cache: StreamPositions, streams: list[int], chunks: Sequence[np.ndarray], window: int,
+                       sampling: Sequence[SamplingConfig]) -> np.ndarray: ...
