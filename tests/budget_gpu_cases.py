@@ -101,7 +101,7 @@ def tie_case(out: dict) -> None:
     sel = select_pages(torch.ones(b, 1, d, dtype=DT), bounds, pos, torch.tensor(16), torch.tensor(2), sinks=sinks,
                        page=page, k_max=2)
     # t = 100: ring offsets hold 36..99; candidates are pages with a row at p <= 84: all four pages
-    out["select:ties-lower-first"] = float(sel[0].tolist() != [0, 1])
+    out["select:ties-lower-first"] = float(sel[0].tolist() != [0, 1, -1, -1])
 
 
 if __name__ == "__main__":

@@ -46,6 +46,25 @@ def test_the_kernels_match_the_oracle(kernel_errors):
     assert all(e[k] > 1e-2 for k in e if k.startswith("moves:")), e  # the chosen pages change the answer
 
 
+@pytest.mark.triton
+@needs_triton
+@pytest.mark.parametrize("arch", ["sm_87", "sm_90", "sm_110"])
+def test_the_budget_kernels_compile_ahead_of_time_for_jetson_and_hopper(arch):
+    """Selection, block-sparse split (merged by decode_reduce) and the row + bounds write, for Orin, H100/H200, Thor."""
+    from edgeattn.plugins.kernels.aot import KernelVariant, compile_variant, default_variants
+
+    kinds = ("budget_select", "budget_decode_split", "page_bounds")
+    assert {v.kind for v in default_variants()} >= set(kinds)
+    kernels = {kind: compile_variant(KernelVariant(kind, "bf16", 64), arch) for kind in kinds}
+    for kernel in kernels.values():
+        assert kernel.cubin[:4] == b"\x7fELF" and f".entry {kernel.name}" in kernel.ptx
+        assert f".target {arch}" in kernel.ptx
+    assert kernels["budget_select"].params[:5] == ["Q", "Bounds", "Pos", "Window", "Pages"]
+    assert kernels["budget_decode_split"].params[:9] == ["Q", "QS", "KN", "VN", "K", "V", "Pos", "Window", "Sel"]
+    assert kernels["budget_decode_split"].constexprs["K_MAX"] == 64 and "Out" in kernels["budget_decode_split"].params
+    assert kernels["page_bounds"].constexprs["WRITE"] is True
+
+
 # --- the op and the decode step on the CPU (reference path) -------------------------------------------------------
 transformers = pytest.importorskip("transformers")
 
@@ -120,6 +139,40 @@ def test_the_op_at_k_zero_equals_ring_decode():
     assert torch.allclose(want, got, atol=1e-6) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
 
 
+def test_the_cuda_backend_takes_pages_in_prefill_and_decode():
+    """CudaDecoder.step with pages: a prompt chunk and decode steps reading W = 16 and every page equal the whole
+    window while the ring holds the stream (sinks 0); the bounds follow the rows; k = 0 on a cache that keeps
+    bounds gives the window's logits bit for bit; k beyond the ring's pages is refused."""
+    from edgeattn.attention.budget import AttentionBudget
+    from edgeattn.attention.cached_reference import page_bounds_np
+    from edgeattn.errors import ConfigError
+    from edgeattn.runtime.cuda import budget
+    from edgeattn.runtime.cuda.backend import CudaDecoder
+
+    dec = CudaDecoder.from_hf(tiny(2), sinks=0, window_max=32, compile="none")
+    assert dec.page == 16 and dec.check_budget(AttentionBudget(window=16, pages=2)).pages == 2
+    with pytest.raises(ConfigError, match="0 to 2"):
+        dec.check_budget(AttentionBudget(window=16, pages=3))
+    rng = np.random.default_rng(0)
+    prompt, tokens = rng.integers(0, 96, (2, 10)), rng.integers(0, 96, (20, 2))
+    paged, plain, kept = dec.new_cache(2), dec.new_cache(2), dec.new_cache(2)
+    budget.attach_bounds(kept, dec.weights)  # bounds kept from the start, read with k = 0
+    for i in range(2):
+        a = dec.step(paged, [i], prompt[i:i + 1], 16, last_only=True, pages=2)
+        b = dec.step(plain, [i], prompt[i:i + 1], 0, last_only=True)
+        dec.step(kept, [i], prompt[i:i + 1], 0, last_only=True)
+        assert np.allclose(a, b, atol=1e-5)
+    for p in range(20):
+        a = dec.step(paged, [0, 1], tokens[p][:, None], 16, pages=2)
+        b = dec.step(plain, [0, 1], tokens[p][:, None], 0)
+        c = dec.step(kept, [0, 1], tokens[p][:, None], 0)
+        assert np.allclose(a, b, atol=1e-5) and np.array_equal(b, c), p
+    for cache in (paged, kept):
+        for layer in range(2):
+            want = page_bounds_np(cache.keys[layer].numpy(), cache.positions, 0, 16)
+            assert np.array_equal(cache.bounds[layer].numpy(), want)
+
+
 # --- on CUDA ----------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_cuda
@@ -168,4 +221,8 @@ def test_graph_replays_equal_eager_budget_steps_on_cuda(compile):
         want = budget_logits(weights, tokens[:, p], pos, torch.tensor(16, device="cuda"),
                              torch.tensor(2, device="cuda"), k1, v1, b1, splits=1, k_max=2, page=16).argmax(-1)
         assert torch.equal(want, graph(tokens[:, p], pos, 16, 2)), p
-    assert torch.equal(b1[1], b2[1])
+    from edgeattn.attention.cached_reference import page_bounds_np
+
+    for keys, bounds in ((k1, b1), (k2, b2)):  # the bounds kept equal the bounds of the rows, recomputed
+        want = page_bounds_np(keys[1].cpu().numpy(), np.full(3, 150), 4, 16)
+        assert np.array_equal(bounds[1].cpu().numpy(), want)

@@ -29,7 +29,7 @@ from edgeattn.plugins.kernels.decode import _windowed_decode_reduce_kernel
 from edgeattn.plugins.kernels.launch import last_dim_contiguous
 from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N
 
-FLOOR_KEY = -2139095041  # 0x807FFFFF as int32: the sortable key of -inf, below every finite score's key
+FLOOR_KEY = tl.constexpr(-2139095041)  # 0x807FFFFF as int32: the sortable key of -inf, below every finite score's key
 
 
 @triton.jit
@@ -42,62 +42,82 @@ def _held_positions(r, t, sinks, wmax):
 
 
 @triton.jit
+def _top_keys(key, P_POW2: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr):
+    """The K_MAX largest of key [P_POW2] (int64), largest first."""
+    if K_MAX == P_POW2:
+        return tl.sort(key, descending=True)
+    elif HAS_TOPK:
+        return tl.topk(key, K_MAX)
+    else:  # sorted descending, row 0 of [P_POW2 / K_MAX, K_MAX] holds the largest: the column maxima
+        return tl.max(tl.reshape(tl.sort(key, descending=True), [P_POW2 // K_MAX, K_MAX]), 0)
+
+
+@triton.jit
 def _budget_select_kernel(
-    Q, Bounds, Pos, Window, Pages, Scores, Sel,
+    Q, Bounds, Pos, Window, Pages, Sel,
     stride_qb, stride_qh, stride_bb, stride_bh,
     H_kv, GROUP, sinks, wmax, n_pages,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr, P_POW2: tl.constexpr, K_MAX: tl.constexpr,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+    P_POW2: tl.constexpr, K_TOP: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr,
 ):
     # q: [B, H, D] rotated at t; bounds: [B, H_kv, P, 2, D]; pos: [B] int64; window, pages: [] int64
-    # scores: [B * H_kv, P_POW2] fp32 scratch; sel: [B * H_kv, K_MAX] int32 out; grid (B * H_kv,)
+    # sel: [B * H_kv, K_MAX] int32 out (K_TOP = min(K_MAX, P_POW2) entries can be pages); grid (B * H_kv,)
     pid = tl.program_id(0)
     b = (pid // H_kv).to(tl.int64)
     hk = (pid % H_kv).to(tl.int64)
     w = tl.load(Window).to(tl.int32)
     w = tl.where((w <= 0) | (w > wmax), wmax, w)
     t = tl.load(Pos + b).to(tl.int32)
-    k = tl.minimum(tl.maximum(tl.load(Pages).to(tl.int32), 0), K_MAX)
+    # candidates: pages holding a position in [max(sinks, t - wmax), t - W] (the ring before the new token)
+    lo_p = tl.maximum(sinks, t - wmax)
+    span = t - w - lo_p + 1  # positions in that range (<= 0: none)
+    r_lo = (tl.maximum(lo_p - sinks, 0)) % wmax
+    n_cand = tl.where(span > 0, tl.minimum(n_pages, (r_lo % PAGE + span - 1) // PAGE + 1), 0)
+    first = r_lo // PAGE
+    # score = max over the group's heads of q+ . hi + q- . lo (= sum_d max(q * lo, q * hi)): two small products
+    r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + (hk * GROUP + r)[:, None] * stride_qh + offs_d[None, :],
+                mask=(r < GROUP)[:, None], other=0.0).to(Bounds.dtype.element_ty)  # q: [BLOCK_M, D]
+    q_pos = tl.maximum(q, 0.0).to(Bounds.dtype.element_ty)
+    q_neg = tl.minimum(q, 0.0).to(Bounds.dtype.element_ty)
     b_base = b * stride_bb + hk * stride_bh
-    row = pid.to(tl.int64) * P_POW2
-    n_cand = tl.zeros([], tl.int32)
-    for start in range(0, P_POW2, BLOCK_P):
-        page = start + tl.arange(0, BLOCK_P)
-        r = page[:, None] * PAGE + tl.arange(0, PAGE)[None, :]  # [BLOCK_P, PAGE] ring offsets
-        p = _held_positions(r, t, sinks, wmax)
-        old = (p >= 0) & (t - p >= w)  # filled past rows outside the window
-        cand = (tl.max(old.to(tl.int32), 1) > 0) & (page < n_pages)  # cand: [BLOCK_P]
-        n_cand += tl.sum(cand.to(tl.int32), 0)
+    keys = tl.zeros([P_POW2 // BLOCK_P, BLOCK_P], tl.int64)
+    blocks = tl.arange(0, P_POW2 // BLOCK_P)
+    for i in tl.static_range(P_POW2 // BLOCK_P):
+        page = i * BLOCK_P + tl.arange(0, BLOCK_P)
+        cand = ((page - first + n_pages) % n_pages < n_cand) & (page < n_pages)
         b_off = b_base + page.to(tl.int64)[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-        lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0).to(tl.float32)  # lo, hi: [BLOCK_P, D]
-        hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0).to(tl.float32)
-        best = tl.full([BLOCK_P], float("-inf"), tl.float32)
-        for g in range(GROUP):
-            qg = tl.load(Q + b * stride_qb + (hk * GROUP + g) * stride_qh + offs_d).to(tl.float32)[None, :]
-            best = tl.maximum(best, tl.sum(tl.maximum(qg * lo, qg * hi), 1))
-        tl.store(Scores + row + page, tl.where(cand, best, float("-inf")))
-    tl.debug_barrier()  # the scores written above, read back by every thread of the program
-    idx = tl.arange(0, P_POW2)
-    s = tl.load(Scores + row + idx)
-    bits = s.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
-    key = (key.to(tl.int64) << 32) | (P_POW2 - 1 - idx).to(tl.int64)  # ties: the lower page wins the max
-    floor = tl.full([P_POW2], FLOOR_KEY, tl.int64) << 32
-    k = tl.minimum(k, n_cand)
-    for j in range(K_MAX):
-        m = tl.max(key, 0)
-        chosen = P_POW2 - 1 - (m & 0xFFFFFFFF).to(tl.int32)
-        tl.store(Sel + pid.to(tl.int64) * K_MAX + j, tl.where(j < k, chosen, -1))
-        key = tl.where(idx == chosen, floor, key)
+        lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)  # lo, hi: [BLOCK_P, D]
+        hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
+        if Bounds.dtype.element_ty == tl.float32:
+            s = tl.dot(q_pos, tl.trans(hi), input_precision="ieee") + tl.dot(q_neg, tl.trans(lo), input_precision="ieee")
+        else:
+            s = tl.dot(q_pos, tl.trans(hi)) + tl.dot(q_neg, tl.trans(lo))  # s: [BLOCK_M, BLOCK_P] fp32
+        s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
+        s = tl.where(cand, s, float("-inf"))
+        bits = s.to(tl.int32, bitcast=True)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
+        key = (key.to(tl.int64) << 32) | (P_POW2 - 1 - page).to(tl.int64)  # ties: the lower page is larger
+        keys = tl.where((blocks == i)[:, None], key[None, :], keys)
+    top = _top_keys(tl.reshape(keys, [P_POW2]), P_POW2, K_TOP, HAS_TOPK)  # [K_TOP], best first
+    chosen = P_POW2 - 1 - (top & 0xFFFFFFFF).to(tl.int32)
+    k = tl.minimum(tl.minimum(tl.maximum(tl.load(Pages).to(tl.int32), 0), K_TOP), n_cand)
+    j = tl.arange(0, K_TOP)
+    tl.store(Sel + pid.to(tl.int64) * K_MAX + j, tl.where(j < k, chosen, -1))
+    if K_MAX > K_TOP:  # a list longer than the ring's pages (a short ring): the rest is empty
+        j = tl.arange(0, K_MAX)
+        tl.store(Sel + pid.to(tl.int64) * K_MAX + j, tl.full([K_MAX], -1, tl.int32), mask=j >= K_TOP)
 
 
 @triton.jit
-def _budget_blocks(acc, l_i, m_i, q, K, V, Sel, sel_base, kv_base, stride_kn, stride_vn, offs_d, kn, vn,
+def _budget_blocks(acc, l_i, m_i, q, K, V, sel, kv_base, stride_kn, stride_vn, offs_d, kn, vn,
                    u0, u1, count, first_pos, t, w, sinks, wmax, qk_scale,
-                   MODE: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+                   MODE: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, K_MAX: tl.constexpr):
     """Online softmax over virtual keys [u0, u1) of one group. MODE 0: sink rows u; 1: window positions
     first_pos + u, the last one (u = count - 1) the new token from kn, vn; 2: the rows of the chosen pages
-    (u // PAGE-th entry of the selection), those filled and outside the window."""
+    (sel: [K_MAX // (BLOCK_N / PAGE), BLOCK_N / PAGE], the pages of each block), those filled and outside the
+    window."""
     for start in range(u0, u1, BLOCK_N):
         u = start + tl.arange(0, BLOCK_N)
         live = u < count
@@ -107,8 +127,10 @@ def _budget_blocks(acc, l_i, m_i, q, K, V, Sel, sel_base, kv_base, stride_kn, st
             p = first_pos + u
             rows = tl.where(p < sinks, p, sinks + (p - sinks) % wmax)
         else:
-            page = tl.load(Sel + sel_base + u // PAGE, mask=live, other=0)
-            r = page * PAGE + u % PAGE
+            blk = tl.arange(0, K_MAX * PAGE // BLOCK_N)
+            pages = tl.sum(tl.where((blk == start // BLOCK_N)[:, None], sel, 0), 0)  # this block's pages
+            r = tl.reshape(pages[:, None] * PAGE + tl.arange(0, PAGE)[None, :], [BLOCK_N])
+            page = tl.reshape(pages[:, None] + tl.zeros([BLOCK_N // PAGE, PAGE], tl.int32), [BLOCK_N])
             p = _held_positions(r, t, sinks, wmax)
             live = live & (page >= 0) & (p >= 0) & (t - p >= w)
             rows = sinks + r
@@ -154,9 +176,9 @@ def _budget_decode_split_kernel(
     n_sink = tl.minimum(sinks, t)
     first_pos = tl.maximum(t + 1 - w, n_sink)  # window: positions [first_pos, t], t the new token
     n_ring = t + 1 - first_pos
-    sel_base = pid_bh.to(tl.int64) * K_MAX
-    n_sel = tl.sum((tl.load(Sel + sel_base + tl.arange(0, K_MAX)) >= 0).to(tl.int32), 0)
-    n_page = n_sel * PAGE
+    sel = tl.load(Sel + pid_bh.to(tl.int64) * K_MAX + tl.arange(0, K_MAX))  # sel: [K_MAX] chosen pages, then -1
+    n_page = tl.sum((sel >= 0).to(tl.int32), 0) * PAGE
+    sel = tl.reshape(sel, [K_MAX * PAGE // BLOCK_N, BLOCK_N // PAGE])  # the pages of each block of BLOCK_N rows
     qk_scale = sm_scale * LOG2E
 
     r = tl.arange(0, BLOCK_M)  # row = head in group
@@ -180,17 +202,17 @@ def _budget_decode_split_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc, l_i, m_i = _budget_blocks(acc, l_i, m_i, qs, K, V, Sel, sel_base, kv_base, stride_kn, stride_vn, offs_d,
+    acc, l_i, m_i = _budget_blocks(acc, l_i, m_i, qs, K, V, sel, kv_base, stride_kn, stride_vn, offs_d,
                                    kn, vn, tl.minimum(t0, nsb) * BLOCK_N, tl.minimum(t1, nsb) * BLOCK_N, n_sink, 0,
-                                   t, w, sinks, wmax, qk_scale, 0, PAGE, BLOCK_N)
+                                   t, w, sinks, wmax, qk_scale, 0, PAGE, BLOCK_N, K_MAX)
     lo, hi = tl.minimum(tl.maximum(t0, nsb), nsb + nwb) - nsb, tl.minimum(tl.maximum(t1, nsb), nsb + nwb) - nsb
-    acc, l_i, m_i = _budget_blocks(acc, l_i, m_i, q, K, V, Sel, sel_base, kv_base, stride_kn, stride_vn, offs_d,
+    acc, l_i, m_i = _budget_blocks(acc, l_i, m_i, q, K, V, sel, kv_base, stride_kn, stride_vn, offs_d,
                                    kn, vn, lo * BLOCK_N, hi * BLOCK_N, n_ring, first_pos,
-                                   t, w, sinks, wmax, qk_scale, 1, PAGE, BLOCK_N)
+                                   t, w, sinks, wmax, qk_scale, 1, PAGE, BLOCK_N, K_MAX)
     lo, hi = tl.maximum(t0, nsb + nwb) - nsb - nwb, tl.maximum(t1, nsb + nwb) - nsb - nwb
-    acc, l_i, m_i = _budget_blocks(acc, l_i, m_i, q, K, V, Sel, sel_base, kv_base, stride_kn, stride_vn, offs_d,
+    acc, l_i, m_i = _budget_blocks(acc, l_i, m_i, q, K, V, sel, kv_base, stride_kn, stride_vn, offs_d,
                                    kn, vn, lo * BLOCK_N, hi * BLOCK_N, n_page, 0,
-                                   t, w, sinks, wmax, qk_scale, 2, PAGE, BLOCK_N)
+                                   t, w, sinks, wmax, qk_scale, 2, PAGE, BLOCK_N, K_MAX)
     if SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + b * stride_ob + head[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
@@ -203,9 +225,18 @@ def _budget_decode_split_kernel(
 
 
 def k_max_for(pages: int) -> int:
-    """The selection list's length for a run-time k up to `pages`: a power of two >= pages (>= 1), so that a
-    graph captured for it serves every k up to there."""
+    """The k_max a graph is captured for, serving every run-time k up to `pages`: a power of two >= pages."""
     return 1 << max(int(pages) - 1, 0).bit_length()
+
+
+def selection_length(k_max: int, page: int) -> int:
+    """Entries of the selection list: k_max as a power of two, at least one block of DECODE_BLOCK_N rows."""
+    if page > DECODE_BLOCK_N or DECODE_BLOCK_N % page:
+        raise ValueError(f"page: expected a power of two up to {DECODE_BLOCK_N} rows (the kernel's block), found {page}")
+    return max(k_max_for(k_max), DECODE_BLOCK_N // page)
+
+
+HAS_TOPK = hasattr(tl, "topk")  # Triton >= 3.5: a bitonic top-k; before, a full sort
 
 
 def budget_splits(batch_kv_heads: int, sinks: int, window_keys: int, k_max: int, page: int, sms: int) -> int:
@@ -221,16 +252,15 @@ def select_pages(q, bounds, positions, window, pages, *, sinks: int, page: int, 
     q = last_dim_contiguous(q)
     b, h, d = q.shape
     h_kv, n_pages = bounds.shape[1], bounds.shape[2]
-    p_pow2 = triton.next_power_of_2(n_pages)
-    k_max = k_max_for(k_max)
-    scores = torch.empty((b * h_kv, p_pow2), device=q.device, dtype=torch.float32)
+    p_pow2 = max(16, triton.next_power_of_2(n_pages))
+    k_max = selection_length(k_max, page)
     sel = torch.empty((b * h_kv, k_max), device=q.device, dtype=torch.int32)
     _budget_select_kernel[(b * h_kv,)](
-        q, bounds, positions, window, pages, scores, sel,
+        q, bounds, positions, window, pages, sel,
         q.stride(0), q.stride(1), bounds.stride(0), bounds.stride(1),
         h_kv, h // h_kv, int(sinks), n_pages * page, n_pages,
-        HEAD_DIM=d, PAGE=int(page), BLOCK_P=min(p_pow2, 32), P_POW2=p_pow2,
-        K_MAX=k_max, num_warps=4,
+        HEAD_DIM=d, PAGE=int(page), BLOCK_M=max(16, triton.next_power_of_2(h // h_kv)), BLOCK_P=min(p_pow2, 128),
+        P_POW2=p_pow2, K_TOP=min(k_max, p_pow2), K_MAX=k_max, HAS_TOPK=HAS_TOPK, num_warps=4,
     )
     return sel
 
@@ -277,4 +307,4 @@ def budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, 
     return out[:, :, 0]
 
 
-__all__ = ["budget_decode", "budget_splits", "k_max_for", "select_pages"]
+__all__ = ["HAS_TOPK", "budget_decode", "budget_splits", "k_max_for", "select_pages", "selection_length"]

@@ -110,8 +110,33 @@ def refresh_pages(keys, bounds, starts, count: int, *, sinks: int, page: int) ->
         refresh(k_cache, b, starts, count, sinks=sinks, page=page)
 
 
+# --- the backend's checks ------------------------------------------------------------------------------------------
+def check_pages(decoder, pages) -> int:
+    """Retrieval pages k as an int: 0 to the ring's pages (window_max / page), else ConfigError."""
+    if isinstance(pages, bool) or not isinstance(pages, (int, np.integer)) or int(pages) < 0:
+        raise ConfigError(f"pages: expected an integer >= 0, found {pages!r}")
+    if pages and not decoder.page:
+        raise ConfigError(f"attention budget: expected a ring cut into pages of {DEFAULT_PAGE} rows, found a ring of "
+                          f"{decoder.layout.window_max}: run it with pages 0 (a window)")
+    count = decoder.layout.window_max // max(decoder.page, 1)
+    if int(pages) > count:
+        raise ConfigError(f"pages: expected 0 to {count} (the ring's pages of {decoder.page} rows), found {int(pages)}")
+    if pages and decoder.weights.t.get("kv_scale") is not None:
+        raise ConfigError("attention budget: expected a bf16/fp16 cache, found an FP8 cache (it keeps no page "
+                          "bounds): run it with pages 0 (a window)")
+    return int(pages)
+
+
+def check_budget(decoder, budget):
+    """A budget the decoder runs as given (window, pages, and its page size), else ConfigError."""
+    decoder.check_window(budget.window)
+    if check_pages(decoder, budget.pages) and budget.page != decoder.page:
+        raise ConfigError(f"attention budget: expected pages of {decoder.page} rows, found {budget.page}")
+    return budget
+
+
 # --- the cache's bounds --------------------------------------------------------------------------------------------
-def attach_bounds(cache, weights: PackedDecoder, page: int = DEFAULT_PAGE) -> list:
+def attach_bounds(cache, weights: PackedDecoder, page: int = DEFAULT_PAGE) -> list | None:
     """The cache's page bounds (per layer [streams, H_kv, P, 2, D]), made from its rows the first time."""
     if getattr(cache, "bounds", None) is not None:
         return cache.bounds
@@ -152,7 +177,8 @@ def decode(decoder, cache, n: int, ids, window: int, pages: int, sampling):
     keys = min(live, max(longest - s.sinks, 1))
     keys = min(1 << (keys - 1).bit_length(), live)
     kind = "logits" if sampling is None else "greedy" if isinstance(sampling, str) else "sampled"
-    common = dict(batch=bucket, greedy=kind == "greedy", sampling=sampling.rows(0, bucket) if kind == "sampled" else None)
+    common = dict(batch=bucket, greedy=kind == "greedy",
+                  sampling=sampling.rows(0, bucket) if kind == "sampled" else None)
     cuda = decoder.weights.device.type == "cuda"
     if pages:
         k_max = k_max_for(pages)
@@ -239,5 +265,5 @@ def prefill(decoder, cache, streams, ids, lengths, window: int, pages: int, last
     return torch.cat(out)
 
 
-__all__ = ["BoundsGraph", "BudgetGraph", "attach_bounds", "budget_logits", "decode", "move_bounds", "prefill",
-           "prefill_logits", "refresh_pages", "swap_bounds"]
+__all__ = ["BoundsGraph", "BudgetGraph", "attach_bounds", "budget_logits", "check_budget", "check_pages", "decode",
+           "move_bounds", "prefill", "prefill_logits", "refresh_pages", "swap_bounds"]
