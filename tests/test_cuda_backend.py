@@ -142,3 +142,104 @@ def test_build_target_cuda_from_the_command_line_and_a_clear_error_without_a_gpu
         result = runner.invoke(cli, ["generate", str(out), "--prompt", "hi", "--max-tokens", "4"])
         assert result.exit_code == TargetError.exit_code, result.output
         assert "needs an NVIDIA GPU" in result.output and "Traceback" not in result.output
+
+
+# --- prefill of several streams in one pass -------------------------------------------------------------------------
+def _batched_equals_alone(dec, device="cpu", atol=1e-4):
+    """Rounds of ragged chunks for 4 streams, one call each, against the same chunks one stream a call on a second
+    cache: the same last logits, positions and cache rows. Window 8 puts first chunks, later chunks inside the
+    window and chunks past it (the ring path) in one call."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    plans = {0: [[(0, 5), (1, 17), (2, 1), (3, 30)], [(0, 7), (1, 3), (3, 10)], [(2, 9), (0, 20)]],
+             8: [[(0, 10), (1, 3), (2, 12)], [(1, 5), (0, 6), (2, 4)], [(0, 5), (1, 30), (3, 2)]]}
+    for window, plan in plans.items():
+        batched, alone = dec.new_cache(4), dec.new_cache(4)
+        for round_ in plan:
+            streams = [s for s, _ in round_]
+            chunks = [rng.integers(100, 4000, n) for _, n in round_]
+            got = dec.prefill(batched, streams, chunks, window)
+            want = np.concatenate([dec.prefill(alone, [s], [c], window) for s, c in zip(streams, chunks)])
+            assert got.shape == (len(streams), dec.vocab_size)
+            np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+        assert np.array_equal(batched.positions, alone.positions)
+        for a, b in zip(batched.keys + batched.values, alone.keys + alone.values):
+            for s in range(4):
+                held = min(int(batched.positions[s]), dec.layout.capacity)
+                assert float((a[s, :, :held] - b[s, :, :held]).abs().max()) <= atol
+
+
+def test_a_batched_prefill_of_ragged_chunks_equals_one_stream_at_a_time(tiny):
+    _batched_equals_alone(backend(tiny))
+
+
+def test_prefill_sample_chooses_on_the_device_as_one_stream_at_a_time(tiny):
+    import numpy as np
+
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    dec = backend(tiny)
+    configs = [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95, seed=3), SamplingConfig(),
+               SamplingConfig(temperature=1.2, top_k=20, seed=8)]
+    chunks = [np.arange(200 + 13 * i, 200 + 13 * i + n) for i, n in enumerate((6, 11, 2, 9))]
+    batched, alone = dec.new_cache(4), dec.new_cache(4)
+    got = dec.prefill_sample(batched, [3, 0, 2, 1], chunks, 0, configs)
+    want = [int(dec.prefill_sample(alone, [r], [c], 0, [s])[0]) for r, c, s in zip([3, 0, 2, 1], chunks, configs)]
+    assert got.tolist() == want
+    logits = dec.prefill(dec.new_cache(1), [0], [chunks[0]], 0)
+    assert want[0] == int(logits[0].argmax())
+
+
+def test_a_prefill_call_checks_its_chunks(tiny):
+    import numpy as np
+
+    from edgeattn.errors import InputError
+
+    dec = backend(tiny)
+    cache = dec.new_cache(2)
+    for streams, chunks, match in (([0, 0], [[5], [6]], "distinct rows"), ([0], [[5], [6]], "one chunk per stream"),
+                                   ([0], [list(range(49))], "1 to 48 tokens"), ([1], [[-1]], "token ids"),
+                                   ([2], [[5]], "distinct rows")):
+        with pytest.raises(InputError, match=match):
+            dec.prefill(cache, streams, [np.asarray(c) for c in chunks], 0)
+    assert cache.positions.tolist() == [0, 0]
+
+
+def _engine_tokens(dec, prompts, limits, window, chunk=16, slots=4):
+    from edgeattn.runtime.generation.engine import Engine, new_job
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    calls = []  # the chunk lengths of each prefill call (with or without sampling)
+
+    def counted(method):
+        def call(cache, streams, chunks, *args):
+            calls.append([len(c) for c in chunks])
+            return method(cache, streams, chunks, *args)
+        return call
+
+    dec.prefill, dec.prefill_sample = counted(dec.prefill), counted(dec.prefill_sample)
+    engine = Engine(dec, slots=slots, prefill_chunk=chunk, window=lambda: window, deliver=lambda events: None)
+    jobs = [new_job(dec.layout, p, max_tokens=m, sampling=SamplingConfig()) for p, m in zip(prompts, limits)]
+    for job in jobs:
+        engine.add(job)
+    while not engine.idle():
+        engine.step()
+    return jobs, calls
+
+
+@pytest.mark.parametrize("window", [0, 8])
+def test_prompts_arriving_together_get_their_tokens_alone_in_batched_prefill_calls(tiny, window):
+    """Greedy fp32 through the engine: 4 prompts prefilled together (chunks of 16; at window 8 a first chunk
+    ends by sinks + W = 12) give each prompt's tokens alone; the calls held several streams."""
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+
+    prompts = [list(range(300 + 11 * i, 300 + 11 * i + n)) for i, n in enumerate((30, 11, 23, 5))]
+    limits = [6, 4, 7, 5]
+    jobs, calls = _engine_tokens(backend(tiny), prompts, limits, window)
+    assert calls[0] == ([16, 11, 16, 5] if window == 0 else [12, 11, 12, 5])
+    for job, prompt, limit in zip(jobs, prompts, limits):
+        alone = Generator(backend(tiny)).generate(prompt, GenerationConfig(max_tokens=limit, prefill_chunk=16,
+                                                                           window=window))
+        assert job.tokens == alone.tokens and len(job.tokens) >= 3, prompt
+

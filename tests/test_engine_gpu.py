@@ -64,3 +64,70 @@ def test_scheduler_equals_generator_on_cuda(window):
         scheduler.close()
     assert [j.finish_reason for j in jobs] == ["length" if len(r) == m else "stop" for r, m in zip(refs, limits)]
     assert [j.tokens for j in jobs] == refs and scheduler.moves > 0
+
+
+def _prompts_together(backend, prompts, limits, window, chunk):
+    """Jobs arriving together through one engine: (their tokens, the number of streams in each prefill call)."""
+    from edgeattn.runtime.generation.engine import Engine, new_job
+    from edgeattn.runtime.generation.sampling import SamplingConfig
+
+    calls = []
+
+    def counted(method):
+        def call(cache, streams, chunks, *args):
+            calls.append(len(chunks))
+            return method(cache, streams, chunks, *args)
+        return call
+
+    backend.prefill, backend.prefill_sample = counted(backend.prefill), counted(backend.prefill_sample)
+    engine = Engine(backend, slots=len(prompts), prefill_chunk=chunk, window=lambda: window,
+                    deliver=lambda events: None)
+    jobs = [new_job(backend.layout, p, max_tokens=m, sampling=SamplingConfig()) for p, m in zip(prompts, limits)]
+    for job in jobs:
+        engine.add(job)
+    while not engine.idle():
+        engine.step()
+    return [j.tokens for j in jobs], calls
+
+
+@pytest.mark.parametrize("window", [0, 8])
+def test_batched_prefill_on_cuda_equals_one_stream_at_a_time(window):
+    """fp32 on the GPU: ragged chunks of 4 streams in one call (first chunks, later chunks, chunks past the
+    window) give the logits and cache rows of one stream a call; through the engine, prompts arriving together
+    get each prompt's greedy tokens alone, in prefill calls of several streams."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _check_batched_prefill(_cuda_model().float(), window)
+
+
+def _check_batched_prefill(model, window):
+    import numpy as np
+
+    from edgeattn.runtime.cuda.backend import CudaDecoder
+    from edgeattn.runtime.generation.generator import GenerationConfig, Generator
+
+    def make():
+        return CudaDecoder.from_hf(model, sinks=4, window_max=48)
+
+    dec = make()
+    rng = np.random.default_rng(0)
+    batched, alone = dec.new_cache(4), dec.new_cache(4)
+    for round_ in ([(0, 10), (1, 3), (2, 30), (3, 1)], [(1, 5), (0, 6), (2, 4)], [(0, 5), (1, 30), (3, 2)]):
+        streams = [s for s, _ in round_]
+        chunks = [rng.integers(3, 512, n) for _, n in round_]
+        got = dec.prefill(batched, streams, chunks, window)
+        want = np.concatenate([dec.prefill(alone, [s], [c], window) for s, c in zip(streams, chunks)])
+        np.testing.assert_allclose(got, want, atol=1e-3, rtol=0)
+    assert np.array_equal(batched.positions, alone.positions)
+    for a, b in zip(batched.keys, alone.keys):
+        for s in range(4):
+            held = min(int(batched.positions[s]), dec.layout.capacity)
+            assert float((a[s, :, :held] - b[s, :, :held]).abs().max()) <= 1e-3
+    prompts = [list(range(10 + 7 * i, 10 + 7 * i + n)) for i, n in enumerate((30, 11, 23, 5))]
+    limits = [12, 9, 14, 10]
+    tokens, calls = _prompts_together(make(), prompts, limits, window, chunk=16)
+    assert calls[0] == 4
+    refs = [Generator(make()).generate(p, GenerationConfig(max_tokens=m, window=window, prefill_chunk=16)).tokens
+            for p, m in zip(prompts, limits)]
+    assert tokens == refs

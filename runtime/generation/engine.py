@@ -10,12 +10,20 @@ Every `step()`:
 2. admits waiting jobs into every free slot at once. A job whose prompt has at most `prefill_in_step` tokens
    joins the decoding jobs and rides along their steps, one prompt token a step (its prefill adds rows to the
    step the others run anyway); any other job is prefilled in chunks, in a free slot above the decoding ones;
-3. runs one prefill chunk: of the first admitted job still prefilling (so a long prompt never stalls the
-   others by more than a chunk); a finished prefill joins the decoding jobs and samples its first token;
+3. prefills the next chunk of every prefilling job, first admitted first, while their tokens fit the step's
+   budget (`prefill_tokens`; the first job's chunk always runs, so a long prompt never stalls the others by
+   more than a chunk): in one model call per attention budget when the backend prefills in batches
+   (`PrefillBackend`), else one `step` call a chunk; a finished prefill joins the decoding jobs and samples its
+   first token;
 4. drops the jobs that ended at their first token, then runs one decode step over every decoding slot.
-Whether a job is prefilled in chunks or in steps depends only on its own prompt's length, so its tokens do not
-depend on the other jobs. A slot's position is reset when a job takes it: the attention op never reads rows
-beyond a stream's position, so no job sees another's keys.
+Whether a job is prefilled in chunks or in steps, and its chunks' lengths, depend only on its own prompt's
+length and the window, never on the other jobs (the budget decides only in which step a chunk runs), so its
+tokens do not depend on the other jobs. A slot's position is reset when a job takes it: the attention op never
+reads rows beyond a stream's position, so no job sees another's keys.
+
+The prefill budget defaults to the backend's `prefill_tokens` (8,192 on CUDA, where one pass over many streams
+costs little more than one stream's) and, for a backend without batched prefill, to one chunk a step (on a CPU
+a batch of chunks costs the sum of its chunks, so more a step would only delay the decoding jobs' next token).
 
 A chunk holding sink positions ends by sinks + W: the op scores a chunk's own keys with q at true distances and
 the sink rows with q rotated at min(t, sinks + W), so a first chunk reaching past sinks + W would read the sinks
@@ -32,7 +40,10 @@ beyond the first. Every event says the window and the budget (rows) its job ran 
 Events go to `deliver(list of (job, Event))` in one call a step, made just before the
 next model call, so a server's event loop routes them while the model runs without the GIL. A model failure
 ends the jobs of that call (a prefill chunk: its job; a decode step: the jobs of that budget) with finish reason
-`error: ...` and the exception in `job.error`; the other jobs go on. `profile` (a StepProfile) times every phase.
+`error: ...` and the exception in `job.error`; the other jobs go on. A failed prefill call over several jobs
+runs again one job at a time (their positions put back first: a kept prompt never wraps the ring, so a failed
+call overwrote no row a stream reads), so a failure that belongs to one prompt ends only its job. `profile` (a
+StepProfile) times every phase.
 The backend is any `DecoderBackend` (backend.py); one that samples on its device is used through `step_sample`.
 """
 
@@ -49,7 +60,8 @@ import numpy as np
 from edgeattn.attention.budget import DEFAULT_PAGE, AttentionBudget, check_page
 from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError, InputError
-from edgeattn.runtime.generation.backend import DecoderBackend, SamplingBackend
+from edgeattn.runtime.generation.backend import (DecoderBackend, PrefillBackend, SamplingBackend,
+                                                 SamplingPrefillBackend)
 from edgeattn.runtime.generation.sampling import Sampler, SamplingConfig
 from edgeattn.runtime.generation.step_profile import StepProfile
 from edgeattn.runtime.generation.stops import StopMatcher
@@ -199,13 +211,22 @@ Deliver = Callable[[list[tuple[Job, Event]]], None]
 
 
 class Engine:
-    """`add(job)` queues a job (thread-safe, under `lock`); `step()` advances every job by one iteration."""
+    """`add(job)` queues a job (thread-safe, under `lock`); `step()` advances every job by one iteration.
+    `prefill_tokens`: prompt tokens prefilled a step (None: the backend's `prefill_tokens`, or one chunk a step
+    for a backend without batched prefill; 0: one chunk a step)."""
 
     def __init__(self, model: DecoderBackend, *, slots: int, prefill_chunk: int,
                  window: Callable[[], int | AttentionBudget], deliver: Deliver, metrics=None, model_name: str = "",
-                 prefill_in_step: int = 0) -> None:
+                 prefill_in_step: int = 0, prefill_tokens: int | None = None) -> None:
         self.model, self.slots = model, slots
         self.prefill_chunk, self.prefill_in_step = prefill_chunk, prefill_in_step
+        self._batched_prefill = isinstance(model, PrefillBackend)
+        self._sampled_prefill = isinstance(model, SamplingPrefillBackend)
+        if prefill_tokens is None:
+            prefill_tokens = int(model.prefill_tokens) if self._batched_prefill else 0
+        if prefill_tokens < 0:
+            raise ConfigError(f"prefill_tokens: expected >= 0 (0: one chunk a step), found {prefill_tokens}")
+        self.prefill_tokens = prefill_tokens
         self.window, self.deliver = window, deliver
         self.metrics, self.model_name = metrics, model_name  # GenerationMetrics (runtime.server.metrics) or None
         self.cache = model.new_cache(slots)
@@ -267,7 +288,7 @@ class Engine:
         self.flush()  # the previous step's events: the event loop routes them while the model runs
         prefill_tokens, prefill_s, decode_s, rows = 0, 0.0, 0.0, 0
         if self.prefilling:
-            prefill_tokens, prefill_s = self._prefill_chunk(self.prefilling[0], live)
+            prefill_tokens, prefill_s = self._prefill_chunks(live)
             self._compact()  # a job that ended at its first token leaves before the decode step
         if self.decoding:
             rows = len(self.decoding)
@@ -323,23 +344,75 @@ class Engine:
     def _prefilling_at(self, slot: int) -> Job | None:
         return next((j for j in self.prefilling if j.slot == slot), None)
 
-    def _prefill_chunk(self, job: Job, live: AttentionBudget) -> tuple[int, float]:
-        """One chunk of a job being prefilled: (its tokens, the model call's seconds)."""
-        budget, window = self._budget(job, live), live.window
-        size = chunk_size(self.model.layout, int(self.cache.positions[job.slot]), self.prefill_chunk, budget.window)
-        piece = job.prompt[job.prefilled:job.prefilled + size]
-        last = job.prefilled + len(piece) == len(job.prompt)
+    def _next_chunks(self, live: AttentionBudget) -> list[tuple[Job, list[int], AttentionBudget]]:
+        """The next chunk of every prefilling job (with its budget), first admitted first, while their tokens fit
+        the step's budget (the first always runs). A chunk's length depends only on its own job."""
+        batch, total = [], 0
+        for job in self.prefilling:
+            budget = self._budget(job, live)
+            size = chunk_size(self.model.layout, int(self.cache.positions[job.slot]), self.prefill_chunk,
+                              budget.window)
+            piece = job.prompt[job.prefilled:job.prefilled + size]
+            if batch and total + len(piece) > self.prefill_tokens:
+                break
+            batch.append((job, piece, budget))
+            total += len(piece)
+        return batch
+
+    def _prefill_chunks(self, live: AttentionBudget) -> tuple[int, float]:
+        """This step's prefill: one call per budget (per chunk for a backend without batched prefill); returns
+        (its tokens, the calls' seconds)."""
+        batch = self._next_chunks(live)
+        groups: dict = {}
+        for n, item in enumerate(batch):
+            groups.setdefault(item[2] if self._batched_prefill else n, []).append(item)
+        seconds = sum(self._prefill_group(group, live.window) for group in groups.values())
+        return sum(len(piece) for _, piece, _ in batch), seconds
+
+    def _prefill_group(self, group: list, window: int) -> float:
+        """One model call for chunks of some jobs of one budget; a failed call over several jobs runs again job by
+        job, so a failure ends only the job it belongs to. Returns the calls' seconds."""
+        streams = [job.slot for job, _, _ in group]
+        positions = self.cache.positions[streams].copy()
         try:
-            job.ran_with = budget
-            tokens, seconds = self._call([job.slot], [piece], budget, [job if last else None], "prefill_model")
+            tokens, seconds = self._prefill_call(group)
         except Exception as exc:
-            self._fail([job], exc, window)
-            return len(piece), 0.0
-        job.prefilled += len(piece)
-        if last:
-            self._join(job)
-            self._accept(job, tokens[0], window)
-        return len(piece), seconds
+            self.cache.positions[streams] = positions  # the failed call advanced no stream
+            if len(group) == 1:
+                self._fail([group[0][0]], exc, window)
+                return 0.0
+            return sum(self._prefill_group([item], window) for item in group)
+        for (job, piece, _), token in zip(group, tokens):
+            job.prefilled += len(piece)
+            if job.prefilled == len(job.prompt):
+                self._join(job)
+                self._accept(job, token, window)
+        return seconds
+
+    def _prefill_call(self, group: list) -> tuple[list[int | None], float]:
+        """The model call for chunks of some jobs of one budget: the first token of each job whose prompt ends
+        here (None for the others), and the call's seconds."""
+        wanted = [job if job.prefilled + len(piece) == len(job.prompt) else None for job, piece, _ in group]
+        streams, budget = [job.slot for job, _, _ in group], group[0][2]
+        for job, _, _ in group:
+            job.ran_with = budget
+        if not self._batched_prefill:
+            return self._call(streams, [group[0][1]], budget, wanted, "prefill_model")
+        chunks = [np.asarray(piece, dtype=np.int64) for _, piece, _ in group]
+        window, pages = budget.window, ({"pages": budget.pages} if budget.pages else {})
+        before = time.perf_counter()
+        if self._sampled_prefill and any(wanted):
+            default = SamplingConfig()
+            chosen = self.model.prefill_sample(self.cache, streams, chunks, window,
+                                               [j.sampler.config if j else default for j in wanted], **pages)
+            tokens = [int(t) if j else None for t, j in zip(chosen, wanted)]
+            seconds = time.perf_counter() - before
+        else:
+            logits = self.model.prefill(self.cache, streams, chunks, window, **pages)
+            seconds = time.perf_counter() - before
+            tokens = [self._sample(j, logits[row]) if j else None for row, j in enumerate(wanted)]
+        self.profile.add("prefill_model", seconds)
+        return tokens, seconds
 
     def _join(self, job: Job) -> None:
         """A prefilled job takes slot K, next to the K decoding ones (a job prefilling there swaps with it)."""
