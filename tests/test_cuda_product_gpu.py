@@ -33,12 +33,12 @@ def bundle(tmp_path_factory):
     from edgeattn.bundle.cuda_build import CudaBuildConfig, build_cuda
 
     tok = transformers.AutoTokenizer.from_pretrained(str(_tokenizer_folder()))
-    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256,
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=512, tie_word_embeddings=True,
                                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(config).eval()  # head_dim 64: the ahead-of-time kernels have it
     folder = tmp_path_factory.mktemp("cuda_gpu")
     model.save_pretrained(folder / "hf")
     tok.save_pretrained(folder / "hf")
