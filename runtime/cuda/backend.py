@@ -21,6 +21,7 @@ import numpy as np
 from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.optional import require
+from edgeattn.runtime.cuda import budget as attention_budget
 from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder
 from edgeattn.runtime.cuda.prefill import prefill_batch
 from edgeattn.runtime.cuda.sampling import DeviceSampling, sample
@@ -40,6 +41,7 @@ class CudaCache(StreamPositions):
         self.sampling = DeviceSampling.for_streams(streams, weights.device)
         self.seeds = np.array([self._fresh_seed() for _ in range(streams)], dtype=np.int64)
         self.settings: dict[int, tuple] = {}  # row -> the sampling settings last written to the device
+        self.bounds, self.page = None, 0  # per layer page bounds, once a budget is asked for (budget.attach_bounds)
 
     @staticmethod
     def _fresh_seed() -> int:
@@ -55,6 +57,7 @@ class CudaCache(StreamPositions):
         self.settings.pop(stream, None)
 
     def move(self, src: int, dst: int) -> None:
+        attention_budget.move_bounds(self, src, dst)
         super().move(src, dst)
         p = self.sampling
         for t in p.tensors:
@@ -67,6 +70,7 @@ class CudaCache(StreamPositions):
         self.reset(src)
 
     def swap(self, a: int, b: int) -> None:
+        attention_budget.swap_bounds(self, a, b)
         super().swap(a, b)
         p = self.sampling
         for t in p.tensors:
@@ -129,36 +133,50 @@ class CudaDecoder:
     def check_window(self, window: int) -> int:
         return self.layout.check_window(window)
 
+    @property
+    def page(self) -> int:
+        """Rows per retrieval page of the attention budget (0: the ring does not cut into pages of 16)."""
+        return attention_budget.DEFAULT_PAGE if self.layout.window_max % attention_budget.DEFAULT_PAGE == 0 else 0
+
+    def check_budget(self, budget):
+        return attention_budget.check_budget(self, budget)
+
     # --- steps -----------------------------------------------------------------------------------------------
-    def step(self, cache: CudaCache, streams: list[int], ids, window: int, *, last_only: bool = False) -> np.ndarray:
-        """ids [n, S] -> float32 logits on the host, [n, 1 or S, V]; the streams advance by S."""
+    def step(self, cache: CudaCache, streams: list[int], ids, window: int, *, last_only: bool = False,
+             pages: int = 0) -> np.ndarray:
+        """ids [n, S] -> float32 logits on the host, [n, 1 or S, V]; the streams advance by S. pages: the attention
+        budget's retrieved pages k beyond the window (0: the window alone)."""
         ids, window = self._check(cache, streams, ids, window)
+        pages = attention_budget.check_pages(self, pages)
         n, length = ids.shape
         if self._is_decode(streams, ids):
-            logits = self._decode(cache, n, ids[:, 0], window, None)[:, None]
+            logits = self._decode(cache, n, ids[:, 0], window, None, pages)[:, None]
         else:
-            logits = self._prefill(cache, streams, ids.reshape(-1), [length] * n, window, last_only)
+            logits = self._prefill_pages(cache, streams, ids.reshape(-1), [length] * n, window, last_only, pages)
             logits = logits.view(n, 1 if last_only else length, -1)
         self._advance(cache, streams, length)
         return logits.float().cpu().numpy()
 
-    def prefill(self, cache: CudaCache, streams: list[int], chunks: Sequence, window: int) -> np.ndarray:
+    def prefill(self, cache: CudaCache, streams: list[int], chunks: Sequence, window: int, *,
+                pages: int = 0) -> np.ndarray:
         """chunks: one 1-D array of token ids per stream, of any lengths -> float32 logits [n, V] of each chunk's
         last token, on the host; the streams advance by their chunks' lengths (none when it raises)."""
         ids, lengths, window = self._check_chunks(cache, streams, chunks, window)
-        logits = self._prefill(cache, streams, ids, lengths, window, True)
+        pages = attention_budget.check_pages(self, pages)
+        logits = self._prefill_pages(cache, streams, ids, lengths, window, True, pages)
         self._advance(cache, streams, lengths)
         return logits.float().cpu().numpy()
 
     def prefill_sample(self, cache: CudaCache, streams: list[int], chunks: Sequence, window: int,
-                       sampling: Sequence) -> np.ndarray:
+                       sampling: Sequence, *, pages: int = 0) -> np.ndarray:
         """prefill, then the next token of each stream chosen on the device: int64 [n]."""
         ids, lengths, window = self._check_chunks(cache, streams, chunks, window)
         if len(sampling) != len(streams):
             raise InputError(f"sampling: expected one setting per stream ({len(streams)}), found {len(sampling)}")
         if not all(c.greedy for c in sampling):
             self._set_sampling(cache, streams, sampling)
-        logits = self._prefill(cache, streams, ids, lengths, window, True)
+        pages = attention_budget.check_pages(self, pages)
+        logits = self._prefill_pages(cache, streams, ids, lengths, window, True, pages)
         chosen = logits.argmax(dim=-1)
         for i, config in enumerate(sampling):
             if not config.greedy:
@@ -167,9 +185,11 @@ class CudaDecoder:
         self._advance(cache, streams, lengths)
         return chosen.cpu().numpy()
 
-    def step_sample(self, cache: CudaCache, streams: list[int], ids, window: int, sampling: Sequence) -> np.ndarray:
+    def step_sample(self, cache: CudaCache, streams: list[int], ids, window: int, sampling: Sequence, *,
+                    pages: int = 0) -> np.ndarray:
         """ids [n, S] -> the next token of each stream, int64 [n], chosen on the device."""
         ids, window = self._check(cache, streams, ids, window)
+        pages = attention_budget.check_pages(self, pages)
         if len(sampling) != len(streams):
             raise InputError(f"sampling: expected one setting per stream ({len(streams)}), found {len(sampling)}")
         greedy = all(c.greedy for c in sampling)
@@ -177,9 +197,9 @@ class CudaDecoder:
             self._set_sampling(cache, streams, sampling)
         n, length = ids.shape
         if self._is_decode(streams, ids):  # an all-greedy batch takes the argmax graph (no sort of the vocabulary)
-            chosen = self._decode(cache, n, ids[:, 0], window, "greedy" if greedy else cache.sampling)
+            chosen = self._decode(cache, n, ids[:, 0], window, "greedy" if greedy else cache.sampling, pages)
         else:
-            logits = self._prefill(cache, streams, ids.reshape(-1), [length] * n, window, True)
+            logits = self._prefill_pages(cache, streams, ids.reshape(-1), [length] * n, window, True, pages)
             chosen = self.torch.cat([self._choose(logits[i:i + 1], cache, r, sampling[i],
                                                   int(cache.positions[r]) + length) for i, r in enumerate(streams)])
         self._advance(cache, streams, length)
@@ -258,7 +278,16 @@ class CudaDecoder:
             return prefill_batch(self.weights, ids, lengths, starts, window, cache.keys, cache.values, list(streams),
                                  last_only=last_only)
 
-    def _decode(self, cache: CudaCache, n: int, ids, window: int, sampling):
+    def _prefill_pages(self, cache, streams, ids, lengths, window: int, last_only: bool, pages: int):
+        """_prefill, or with the attention budget (k > 0, or a cache that keeps page bounds) budget.prefill."""
+        plain = lambda: self._prefill(cache, streams, ids, lengths, window, last_only)  # noqa: E731
+        if pages or cache.bounds is not None:
+            return attention_budget.prefill(self, cache, streams, ids, lengths, window, pages, last_only, plain)
+        return plain()
+
+    def _decode(self, cache: CudaCache, n: int, ids, window: int, sampling, pages: int = 0):
+        if pages or cache.bounds is not None:  # the attention budget's step (budget.py)
+            return attention_budget.decode(self, cache, n, ids, window, pages, sampling)
         from edgeattn.plugins.kernels.cached_decode import cached_decode_splits
 
         torch, s = self.torch, self.weights.shape
