@@ -4,8 +4,8 @@ new token, in the same run; and the batched prefill checked against one stream a
 
     python benchmarks/cuda_prefill_h200.py [--out results.json] [--smoke]
 
-SmolLM2-135M's shape with random weights, bf16. Rows: the engine with `prefill_tokens` 8,192 (the default: 8 x
-2,048 takes two steps of 4 streams), 16,384 (one step) and 0 (one chunk a step: the engine before batched
+SmolLM2-135M's shape with random weights, bf16. Rows: the engine with `prefill_tokens` 8,192 (8 x 2,048 takes
+two steps of 4 streams), 16,384 (the default: one step) and 0 (one chunk a step: the engine before batched
 prefill), chunks of 2,048 and 512. A row's time is the median over 5 runs of the wall time from the jobs' arrival
 to the last job's first token (the engine's steps, host work included).
 """

@@ -21,8 +21,8 @@ length and the window, never on the other jobs (the budget decides only in which
 tokens do not depend on the other jobs. A slot's position is reset when a job takes it: the attention op never
 reads rows beyond a stream's position, so no job sees another's keys.
 
-The prefill budget defaults to the backend's `prefill_tokens` (8,192 on CUDA, where one pass over many streams
-costs little more than one stream's) and, for a backend without batched prefill, to one chunk a step (on a CPU
+The prefill budget defaults to the backend's `prefill_tokens` (16,384 on CUDA, where one pass over many streams
+costs about what one stream's does) and, for a backend without batched prefill, to one chunk a step (on a CPU
 a batch of chunks costs the sum of its chunks, so more a step would only delay the decoding jobs' next token).
 
 A chunk holding sink positions ends by sinks + W: the op scores a chunk's own keys with q at true distances and
