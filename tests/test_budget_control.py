@@ -263,3 +263,21 @@ def test_policy_files_keep_their_format_and_take_a_budget(tmp_path):
         with pytest.raises(ConfigError, match=match):
             policy_from_dict({"kind": "step", "budget": bad})
     assert StepPolicy() == policy_from_dict({"kind": "step"})
+
+
+def test_serve_says_the_live_budget_at_start_up():
+    from types import SimpleNamespace
+
+    from edgeattn.cli.serve_cmd import _budget_line
+    from edgeattn.runtime.thermal.policies import BudgetSplit
+
+    def decoder(value):
+        engine = Engine(Paged(), slots=1, prefill_chunk=8, window=lambda: value, deliver=lambda batch: None)
+        return SimpleNamespace(name="dec", layout=engine.model.layout, scheduler=SimpleNamespace(engine=engine))
+
+    assert _budget_line(decoder(0), None) == ("attention budget of dec: 68 rows (4 sinks + the whole ring of 64); "
+                                              "a request's attention_budget caps it")
+    controller = SimpleNamespace(split=BudgetSplit(recent=0.25))
+    assert _budget_line(decoder(AttentionBudget(16, 2)), controller) == (
+        "attention budget of dec: 52 rows (4 sinks + window 16 + 2 pages of 16); the thermal policy moves it "
+        "(recent share 0.25); a request's attention_budget caps it")
