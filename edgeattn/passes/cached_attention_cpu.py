@@ -66,15 +66,18 @@ class LowerCachedAttentionForCpu:
 
 
 def _why_not(node: ir.Node) -> str | None:
-    if len(node.inputs) > len(CACHED_INPUTS):
-        return ("it reads the attention budget's pages (inputs pages, key_bounds), which the lowering does not "
-                "do yet")
     q, k, pk = node.inputs[0], node.inputs[2], node.inputs[4]
     for name, value in (("q", q), ("k", k), ("past_key", pk)):
         if value.dtype != ir.DataType.FLOAT:
             return f"{name} is {value.dtype}, the lowering handles float32"
         if value.shape is None or len(value.shape) != 4:
             return f"{name} is not known to be 4-D"
+    if len(node.inputs) > len(CACHED_INPUTS):
+        bounds = node.inputs[len(CACHED_INPUTS) + 1]
+        if bounds.dtype != ir.DataType.FLOAT:
+            return f"key_bounds is {bounds.dtype}, the lowering handles float32"
+        if bounds.shape is None or len(bounds.shape) != 5:
+            return "key_bounds is not known to be 5-D ([B, H_kv, P, 2, D])"
     h, hkv, d = q.shape[1], pk.shape[1], q.shape[3]
     if not all(isinstance(x, int) for x in (h, hkv, d)) or h % hkv:
         return f"heads {h} / kv heads {hkv} / head dim {d}: expected static, heads a multiple of kv heads"
@@ -111,13 +114,16 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
     memo: dict[tuple, tuple[ir.Value, ir.Value]] = {}
     lowered, kept, plain, n_fused = 0, {}, {}, 0
     rotary: dict[str, str] = {}  # the fast path: how each node's rotation tables are made
+    budgets: dict[tuple, dict] = {}  # key + the pages input -> _page_geometry's values
+    unread: set[ir.Value] = set()  # the fast path: budget inputs of lowered nodes (nothing reads them there)
     no_gqa = gqa.unavailable() if fused or fast_path else None
     for node in [n for n in graph if n.domain == DOMAIN and n.op_type == CACHED_OP_TYPE]:
         reason = _why_not(node)
         if reason:
             kept[node.name or CACHED_OP_TYPE] = reason
             continue
-        q, q_sink, k, v, pk, pv, position, window = node.inputs
+        q, q_sink, k, v, pk, pv, position, window = node.inputs[:len(CACHED_INPUTS)]
+        pages, bounds = node.inputs[len(CACHED_INPUTS):] or (None, None)  # the attention budget's inputs
         sinks = node.attributes.get_int("sinks", 0)
         h, hkv, d = q.shape[1], pk.shape[1], q.shape[3]
         g = h // hkv
@@ -135,6 +141,10 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
         i64 = lambda x: np.array(x, np.int64)  # noqa: E731
         key = (id(position), id(window), sinks, hkv, g, _dim_key(pk, 2), _dim_key(q, 0), _dim_key(q, 2))
         found = (gqa.match(node, 0 if fast_path else sinks) if no_gqa is None else no_gqa) if fused or fast_path else None
+        if fused and pages is not None and isinstance(found, dict):
+            found = "it reads the attention budget's retrieval pages, which GroupQueryAttention does not"
+        if fast_path and pages is not None:  # inside the window no past row is a page candidate: pages read nothing
+            unread.update((pages, bounds))
         if fast_path and isinstance(found, dict) and not window.is_graph_input():  # min(W, a trained window)
             found = "its window is capped in the graph (a trained sliding window); the fast path reads every position"
         if isinstance(found, dict) and fast_path:  # no sink rotation: while t <= sinks + W the second one is t itself
@@ -212,22 +222,38 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
             plain[node.name or CACHED_OP_TYPE] = found
         if key not in shared:
             shared[key] = _geometry(op, c, i64, q, pk, position, window, sinks=sinks, hkv=hkv, g=g, ns=ns)
-        rows, rows_sv, split_sv, bias = shared[key]
+        rows, rows_sv, split_sv, bias = shared[key][:4]
+        rings_of = lambda key: shared[key][4]  # noqa: E731
         flat = c(f"flat_{d}", i64([-1, d]))
         qg = op("Mul", op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))), c(f"scale_{scale:.9g}",
                                                                                        np.array(scale, np.float32)))
         qsg = op("Mul", op("Reshape", q_sink, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))),
                  c(f"scale_{scale:.9g}", np.array(scale, np.float32)))  # [B, H_kv, G*S, D]
         # keys: three score products concatenated (small), never the keys themselves (W rows a layer)
-        kw = op("Gather", op("Reshape", pk, flat), rows, axis=0)  # [B, H_kv, N, D]
+        pk_rows, pv_rows = op("Reshape", pk, flat), op("Reshape", pv, flat)  # the cache seen as [B*H_kv*C, D]
+        kw = op("Gather", pk_rows, rows, axis=0)  # [B, H_kv, N, D]
         ks = op("Slice", pk, c("i0_1", i64([0])), c(f"ns_{ns}", i64([ns])), c("axis2", i64([2])))  # [B, H_kv, NS, D]
         scores = [op("MatMul", query, op("Transpose", key, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, NS | N | S]
                   for query, key in ((qsg, ks), (qg, kw), (qg, k))]
-        probs = op("Softmax", op("Add", op("Concat", *scores, axis=-1), bias), axis=-1)  # [B, H_kv, G*S, L]
+        scores = op("Add", op("Concat", *scores, axis=-1), bias)  # [B, H_kv, G*S, L]
+        if pages is not None:  # the chosen pages' rows: a fourth group of keys in the same Softmax
+            bkey = key + (id(pages), _dim_key(bounds, 2))
+            if bkey not in budgets:
+                budgets[bkey] = _page_geometry(op, c, i64, rings_of(key), split_sv, bounds, pages, sinks=sinks,
+                                               hkv=hkv, g=g)
+            s_p, v_p = _page_group(op, c, i64, budgets[bkey], q, qg, pk_rows, pv_rows, bounds, hkv=hkv, g=g,
+                                   d=d)
+            p_sw, p_n, p_p = op("Split", op("Softmax", op("Concat", scores, s_p, axis=-1), axis=-1),
+                                budgets[bkey]["split"], axis=-1, outputs=3)  # [.., NS + N], [.., S], [.., R]
+        else:
+            p_sw, p_n = op("Split", op("Softmax", scores, axis=-1), split_sv, axis=-1, outputs=2)  # [.., NS + N], [.., S]
         # values: the sink and window rows in one Gather, the chunk's own values apart (no copy of the cache rows)
-        vsw = op("Gather", op("Reshape", pv, flat), rows_sv, axis=0)  # [B, H_kv, NS + N, D]
-        p_sw, p_n = op("Split", probs, split_sv, axis=-1, outputs=2)  # [.., NS + N], [.., S]
+        vsw = op("Gather", pv_rows, rows_sv, axis=0)  # [B, H_kv, NS + N, D]
         out = op("Add", op("MatMul", p_sw, vsw), op("MatMul", p_n, v))  # [B, H_kv, G*S, D]
+        if pages is not None:  # [B, H_kv, G*S, R] -> per query [B, H_kv, S, G, R] @ [B, H_kv, S, R, D]
+            p_p = op("Transpose", op("Reshape", p_p, budgets[bkey]["by_group"]), perm=[0, 1, 3, 2, 4])
+            o_p = op("Transpose", op("MatMul", p_p, v_p), perm=[0, 1, 3, 2, 4])  # [B, H_kv, G, S, D]
+            out = op("Add", out, op("Reshape", o_p, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))))
         out = op("Reshape", out, c(f"heads_{h}_{d}", i64([0, h, -1, d])))  # [B, H, S, D]
         graph.insert_before(node, new)
         out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
@@ -237,6 +263,9 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
     if n_fused:
         common.RemoveUnusedNodesPass()(model)
         model.opset_imports.setdefault(gqa.MS, 1)
+    for value in unread:  # the fast path's graph does not ask for inputs it never reads
+        if value.is_graph_input() and not value.uses():
+            graph.inputs.remove(value)
     return lowered, len(shared) + len(shared_gqa), kept, {"fused": n_fused, "plain": plain, "rotary": rotary}
 
 
@@ -275,7 +304,7 @@ def ring(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, seq_axis:
                  op("Unsqueeze", op("Less", op("Add", pos, kj), sinks_c), axes1))  # [B, S, S]
     ok_n = op("And", op("LessOrEqual", kj, qi), in_band)  # [B, S, S]
     return {"bsz": bsz, "sq": sq, "sq_1d": sq_1d, "pos": pos, "n": n, "base": base, "rows": rows, "qi": qi,
-            "slots": slot_w,
+            "slots": slot_w, "w": w, "wmax": wmax, "cap": cap,
             "ok_w": ok_w, "ok_n": ok_n}
 
 
@@ -297,4 +326,84 @@ def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: i
     bias = op("Unsqueeze", bias, axes1)  # [B, 1, S, L]
     if g > 1:  # query row g*S + i of a KV head reads as row i: [B, 1, G*S, L]
         bias = op("Tile", bias, c(f"tile_{g}", i64([1, 1, g, 1])))
-    return rows, rows_sv, split_sv, bias
+    return rows, rows_sv, split_sv, bias, geo
+
+
+def _page_geometry(op, c, i64, geo: dict, split_sv, bounds, pages, *, sinks: int, hkv: int, g: int) -> dict:
+    """The attention budget's per-step part (the body's rule, cached_function._page_group), from positions and
+    shapes alone: the candidate pages of each query cand [B, 1, S, P] (a filled past ring row older than the
+    window), the TopK size k' = max(min(k, most candidates of any query), 1) (a run-time k: a stream inside its
+    window reads one masked page, whatever k), and what turns the chosen pages into rows and their masks."""
+    i0, i1 = c("i0", i64(0)), c("i1", i64(1))
+    sinks_c = c(f"sinks_{sinks}", i64(sinks))
+    axes0, axes1 = c("axes0", i64([0])), c("axes1", i64([1]))
+    scalar = c("scalar_shape", i64([]))
+    pos, w, wmax, sq_1d = geo["pos"], geo["w"], geo["wmax"], geo["sq_1d"]
+    npages = op("Reshape", op("Shape", bounds, start=2, end=3), scalar)
+    page = op("Div", wmax, npages)  # the bounds' pages cut the ring evenly (page divides W_max)
+    k = op("Reshape", pages, scalar)
+    # candidates: past ring rows p in [lo, hi], hi = min(pos - 1, t - W), cover the ring offsets [s0, s0 + L)
+    # mod W_max; page j (offsets [j*page, (j+1)*page)) holds one iff either interval's start lies in the other
+    lo = op("Max", op("Sub", pos, wmax), sinks_c)  # [B, 1]
+    t = op("Add", pos, op("Unsqueeze", op("Range", i0, geo["sq"], i1), axes0))  # [B, S]
+    span = op("Add", op("Sub", op("Min", op("Sub", pos, i1), op("Sub", t, w)), lo), i1)  # [B, S]: L (<= 0: none)
+    s0 = op("Unsqueeze", op("Mod", op("Sub", lo, sinks_c), wmax), c("axes2", i64([2])))  # [B, 1, 1]
+    span = op("Unsqueeze", span, c("axes2", i64([2])))  # [B, S, 1]
+    start = op("Mul", op("Range", i0, npages, i1), page)  # [P]
+    cand = op("Or", op("Less", op("Mod", op("Sub", start, s0), wmax), span),
+              op("Less", op("Mod", op("Sub", s0, start), wmax), page))
+    cand = op("And", cand, op("Greater", span, i0))  # [B, S, P]
+    most = op("ReduceMax", op("ReduceSum", op("Cast", cand, to=ir.DataType.INT64), c("axes_last", i64([-1])),
+                                 keepdims=0), keepdims=0)
+    kk = op("Max", op("Min", k, most), i1)  # >= 1: zero-sized tensors break older ORT
+    kk_1d, page_1d = op("Unsqueeze", kk, axes0), op("Unsqueeze", page, axes0)
+    r_1d = op("Unsqueeze", op("Mul", kk, page), axes0)  # R = k' * page rows a query
+    bsz_1d = op("Unsqueeze", geo["bsz"], axes0)
+    hkv_1d = c(f"hkv_1d_{hkv}", i64([hkv]))
+    by_group = c(f"groups_{g}", i64([0, 0, g, -1]))  # [B, H_kv, G*S, R] -> [B, H_kv, G, S, R]
+    return {"npages": npages, "page": page, "k": k, "kk_1d": kk_1d, "wmax": wmax,
+            "cand": op("Unsqueeze", cand, axes1),  # [B, 1, S, P]
+            "in_k": op("Less", op("Range", i0, kk, i1), k),  # [k']: one of the k (k' > k only when k = 0)
+            "page_rows": op("Range", i0, page, i1),  # [page]
+            "rows_shape": op("Concat", bsz_1d, hkv_1d, sq_1d, r_1d, axis=0),  # [B, H_kv, S, R]
+            "pages_shape": op("Concat", bsz_1d, hkv_1d, sq_1d, kk_1d, page_1d, axis=0),  # [B, H_kv, S, k', page]
+            "by_group": op("Concat", by_group, r_1d, axis=0),
+            "flat_groups": op("Concat", c("shape_0_0_m1", i64([0, 0, -1])), r_1d, axis=0),  # -> [B, H_kv, G*S, R]
+            "last": op("Unsqueeze", op("Sub", op("Sub", pos, i1), sinks_c), c("axes12", i64([1, 2]))),  # [B,1,1,1]
+            "newest": op("Unsqueeze", op("Sub", op("Sub", t, sinks_c), w), c("axes13", i64([1, 3]))),  # [B,1,S,1]
+            "base": op("Add", op("Unsqueeze", geo["base"], c("axes3", i64([3]))), sinks_c),  # [B, H_kv, 1, 1]
+            "split": op("Concat", split_sv, r_1d, axis=0)}  # [NS + N, S, R]
+
+
+def _page_group(op, c, i64, geo: dict, q, qg, pk_rows, pv_rows, bounds, *, hkv: int, g: int, d: int):
+    """One layer's pages: Quest's bound of every page, sum_d max(q_d * min_d, q_d * max_d) = [min(q, 0), relu(q)]
+    . [min, max] (one product), its max over the G query heads of a KV head, TopK of the candidates, and the
+    chosen pages' rows gathered (k' * page rows a query, never the cache). -> scores [B, H_kv, G*S, R] (scaled,
+    -inf where a row is not read: not taken, empty, or a window row) and values [B, H_kv, S, R, D]."""
+    neg_inf = c("fneginf", np.array(-np.inf, np.float32))
+    qr = op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d])))  # [B, H_kv, G*S, D], rotated at t, unscaled
+    qq = op("Concat", op("Min", qr, c("f0", np.array(0.0, np.float32))), op("Relu", qr), axis=-1)  # [.., 2D]
+    kb = op("Reshape", bounds, c(f"bounds_{hkv}_{2 * d}", i64([0, hkv, -1, 2 * d])))  # [B, H_kv, P, 2D]: min, max
+    bound = op("MatMul", kb, op("Transpose", qq, perm=[0, 1, 3, 2]))  # [B, H_kv, P, G*S]: the bounds are not copied
+    if g > 1:
+        bound = op("ReduceMax", op("Reshape", bound, c(f"by_group_{g}", i64([0, 0, 0, g, -1]))), c("axes3", i64([3])),
+                   keepdims=0)  # [B, H_kv, P, S]
+    bound = op("Transpose", bound, perm=[0, 1, 3, 2])  # [B, H_kv, S, P]
+    best, chosen = op("TopK", op("Where", geo["cand"], bound, neg_inf), geo["kk_1d"], axis=-1, largest=1, sorted=1,
+                      outputs=2)  # [B, H_kv, S, k']: ties, the lower page first
+    taken = op("And", op("Greater", best, neg_inf), geo["in_k"])  # a candidate, and one of the k
+    o = op("Add", op("Unsqueeze", op("Mul", chosen, geo["page"]), c("axes4", i64([4]))), geo["page_rows"])
+    o = op("Reshape", o, geo["rows_shape"])  # [B, H_kv, S, R]: ring offsets of the chosen pages' rows
+    held = op("Sub", geo["last"], op("Mod", op("Sub", geo["last"], o), geo["wmax"]))  # the offset p - sinks it holds
+    page_ok = op("Reshape", op("Expand", op("Unsqueeze", taken, c("axes4", i64([4]))), geo["pages_shape"]),
+                 geo["rows_shape"])
+    ok = op("And", op("And", op("GreaterOrEqual", held, c("i0", i64(0))), op("LessOrEqual", held, geo["newest"])),
+            page_ok)  # filled, older than the window, and of a taken page
+    rows = op("Add", o, geo["base"])  # [B, H_kv, S, R] rows of the cache seen as [B*H_kv*C, D]
+    kp = op("Gather", pk_rows, rows, axis=0)  # [B, H_kv, S, R, D]
+    vp = op("Gather", pv_rows, rows, axis=0)
+    qs = op("Transpose", op("Reshape", qg, c(f"groups_{hkv}_{g}_{d}", i64([0, hkv, g, -1, d]))),
+            perm=[0, 1, 3, 2, 4])  # [B, H_kv, S, G, D], scaled
+    s = op("MatMul", qs, op("Transpose", kp, perm=[0, 1, 2, 4, 3]))  # [B, H_kv, S, G, R]
+    s = op("Where", op("Unsqueeze", ok, c("axes3", i64([3]))), s, neg_inf)
+    return op("Reshape", op("Transpose", s, perm=[0, 1, 3, 2, 4]), geo["flat_groups"]), vp
