@@ -27,6 +27,9 @@ GEOMETRY_NAME = "decoder.json"
 KERNELS_DIR = "kernels"
 CUDA_PRECISIONS = ("bf16", "fp16", "fp32")
 CUDA_ARCHS = ("sm_87", "sm_90", "sm_110")  # Orin, H100/H200, Thor: compiled ahead of time by default
+FP8_PRECISIONS = ("fp8",)  # FP8 weights (runtime/cuda/fp8.py): the float parts stay bf16
+FP8_ARCHS = ("sm_90", "sm_110")  # the default archs of an FP8 build (Orin has no FP8)
+FP8_MIN_SM = 89
 
 
 @dataclass(frozen=True)
@@ -37,16 +40,25 @@ class CudaBuildConfig:
     window_max: int = 2048
     archs: tuple[str, ...] = CUDA_ARCHS  # () = no ahead-of-time kernels (they compile at first use)
     name: str | None = None
+    kv_cache: str | None = None  # "fp8": the FP8 KV cache (runtime/cuda/fp8_cache.py); None: the float type
 
     def __post_init__(self) -> None:
-        if self.precision not in CUDA_PRECISIONS:
-            raise ConfigError(f"precision: the cuda target takes {', '.join(CUDA_PRECISIONS)}, found {self.precision!r}")
+        if self.precision not in CUDA_PRECISIONS + FP8_PRECISIONS:
+            raise ConfigError(f"precision: the cuda target takes {', '.join(CUDA_PRECISIONS + FP8_PRECISIONS)}, "
+                              f"found {self.precision!r}")
         if self.sinks < 0 or self.window_max < 1:
             raise ConfigError(f"expected sinks >= 0 and window_max >= 1, found {self.sinks} and {self.window_max}")
         bad = [a for a in self.archs if a not in ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_110",
                                                    "sm_120")]
         if bad:
             raise ConfigError(f"archs: expected names like sm_87, sm_90, sm_110, found {', '.join(bad)}")
+        if self.kv_cache not in (None, "fp8"):
+            raise ConfigError(f"kv_cache: expected fp8 or none (the float type), found {self.kv_cache!r}")
+        no_fp8 = [a for a in self.archs if int(a.removeprefix("sm_")) < FP8_MIN_SM]
+        if no_fp8 and "fp8" in (self.precision, self.kv_cache):
+            raise ConfigError(f"--precision / --kv-cache fp8: FP8 needs sm_{FP8_MIN_SM} or later (Ada, Hopper, Thor), "
+                              f"found {', '.join(no_fp8)} in --arch (Orin sm_87 and Ampere have no FP8): build for "
+                              f"sm_90,sm_110, and a bf16 bundle for those")
         if self.name is not None:
             try:
                 check_model_name(self.name, "name")
@@ -55,7 +67,7 @@ class CudaBuildConfig:
 
 
 def _dtype(torch, precision: str):
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.bfloat16}[precision]
 
 
 def _dtype_name(tensor) -> str:
@@ -89,6 +101,13 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
     with atomic.directory(out, owned=is_bundle, what="edgeattn bundle") as staging:
         progress(f"weights ({config.precision})")
         tensors = packed.state_dict()
+        fp8_weights, fp8_cache = config.precision == "fp8", config.kv_cache == "fp8"
+        if fp8_weights or fp8_cache:  # runtime/cuda/fp8_build.py: calibrate the cache's scales, quantize
+            from edgeattn.runtime.cuda import fp8_build
+
+            progress("fp8: " + ", ".join(["weights"] * fp8_weights + ["KV cache scales"] * fp8_cache))
+            tensors = fp8_build.fp8_tensors(packed, tensors, weights=fp8_weights, cache=fp8_cache,
+                                            encode=lambda text: tokenizer(text, add_special_tokens=False).input_ids)
         require("safetensors", "building for the cuda target")
         from safetensors.torch import save_file
 
@@ -108,6 +127,8 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
             dtype = "fp16" if config.precision == "fp16" else "bf16"
             progress(f"kernels for {', '.join(config.archs)}")
             only = (f"ring_decode_split-{dtype}-d{packed.shape.head_dim}", f"decode_reduce-{dtype}-d{packed.shape.head_dim}")
+            if fp8_cache:  # the FP8 cache's ring kernel (plugins/kernels/ring_fp8.py)
+                only += (f"ring_fp8_decode_split-{dtype}-d{packed.shape.head_dim}*",)
             kernels = compile_all(CompileConfig(out_dir=staging / KERNELS_DIR, archs=config.archs, only=only))
             kernel_files = [f"{KERNELS_DIR}/{p.name}" for p in sorted((staging / KERNELS_DIR).iterdir())
                             if p.is_file() and not p.name.startswith(".")]
@@ -117,11 +138,14 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
                    "weights_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
                    "cache_bytes_per_stream": packed.cache_bytes_per_stream()}
         sm = sorted({int(a.removeprefix("sm_")) for a in config.archs})
+        precision = {"float": config.precision, "layers": layer_precision(tensors, config.precision)}
+        if fp8_weights or fp8_cache:
+            precision = fp8_build.precision_section(precision, packed.shape, weights=fp8_weights, cache=fp8_cache)
         manifest = Manifest(
             name=config.name or check_model_name(Path(str(model)).name.replace(" ", "_")[:200] or "decoder", "name"),
-            target={"name": "cuda", "backend": "cuda", "sm": sm, "precisions": list(CUDA_PRECISIONS)},
+            target={"name": "cuda", "backend": "cuda", "sm": sm, "precisions": list(CUDA_PRECISIONS + FP8_PRECISIONS)},
             backend="cuda", artifact=WEIGHTS_NAME, inputs=[], outputs=[], shape_ranges={},
-            precision={"float": config.precision, "layers": layer_precision(tensors, config.precision)},
+            precision=precision,
             build_config={"target": "cuda", **{k: (list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path)
                                                    else v) for k, v in asdict(config).items()}},
             toolchain={"edgeattn": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
@@ -146,4 +170,12 @@ def _report(m: Manifest) -> str:
         f"- cache: {d['sinks']} sinks + a ring of {d['window_max']} rows, "
         f"{d['cache_bytes_per_stream'] / 2**20:.1f} MiB a stream; weights {d['weights_bytes'] / 2**20:.1f} MiB",
         f"- ahead-of-time kernels: {', '.join(m.sections['kernels']['archs']) or 'none (compiled at first use)'}",
-        ""])
+        *_fp8_lines(m.precision), ""])
+
+
+def _fp8_lines(precision: dict) -> list[str]:
+    if precision["float"] != "fp8" and precision.get("kv_cache") != "fp8":
+        return []
+    from edgeattn.runtime.cuda.fp8_build import report_lines
+
+    return report_lines(precision)

@@ -38,12 +38,14 @@ from edgeattn.targets import TARGETS
 @click.option("--window-max", type=click.IntRange(min=1), default=2048, show_default=True,
               help="cuda: the ring's rows per stream (the largest attention window; memory a stream takes).")
 @click.option("--sinks", type=click.IntRange(min=0), default=4, show_default=True, help="cuda: sink tokens kept.")
-@click.option("--arch", "archs", default="sm_87,sm_90,sm_110", show_default=True,
-              help="cuda: GPU architectures whose kernels are compiled ahead of time (comma list, or 'none').")
+@click.option("--arch", "archs", help="cuda: GPU architectures whose kernels are compiled ahead of time (comma "
+              "list, or 'none') [default: sm_87,sm_90,sm_110; with fp8: sm_90,sm_110, as Orin has no FP8].")
+@click.option("--kv-cache", type=click.Choice(["fp8"]), help="cuda: an FP8 KV cache (per-head scales calibrated at "
+              "build): half the bytes a long-context decode step reads [default: the float type].")
 @click.option("--as-inference", is_flag=True, help="Build a model exported in training mode as inference: Dropout "
               "removed, BatchNormalization on running statistics [default: refuse such a model].")
 def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name, attention_body,
-          cached_attention, no_fast_path, window_max, sinks, archs, as_inference):
+          cached_attention, no_fast_path, window_max, sinks, archs, kv_cache, as_inference):
     """Build a deployable bundle from MODEL (an .onnx file; for --target cuda, a Hugging Face decoder folder or a
     packaged model such as smollm2).
 
@@ -57,7 +59,7 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
     from edgeattn.targets import get_target
 
     if target != "auto" and get_target(target).backend == "cuda":
-        return _build_cuda(model, out, precision or "bf16", window_max, sinks, archs, name)
+        return _build_cuda(model, out, precision or "bf16", window_max, sinks, archs, name, kv_cache)
     config = BuildConfig(target=target, out=out, precision=precision or "fp32", batch=batch, seq=seq, dims=tuple(dims),
                          strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name,
                          attention_body=attention_body, cached_attention=cached_attention,
@@ -75,14 +77,16 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
                + fusion_summary(m.sections.get("passes", [])))
 
 
-def _build_cuda(model, out, precision, window_max, sinks, archs, name) -> None:
+def _build_cuda(model, out, precision, window_max, sinks, archs, name, kv_cache=None) -> None:
     from rich.console import Console
 
     from edgeattn.bundle.cuda_build import CudaBuildConfig, build_cuda
 
+    if archs is None:
+        archs = "sm_90,sm_110" if "fp8" in (precision, kv_cache) else "sm_87,sm_90,sm_110"
     chosen = () if archs.strip().lower() == "none" else tuple(a.strip() for a in archs.split(",") if a.strip())
     config = CudaBuildConfig(out=out or Path(f"{Path(str(model)).name}.cuda.edgeattn"), precision=precision,
-                             sinks=sinks, window_max=window_max, archs=chosen, name=name)
+                             sinks=sinks, window_max=window_max, archs=chosen, name=name, kv_cache=kv_cache)
     console = Console(stderr=True)
     with console.status("building") as status:
         bundle = build_cuda(str(model), config, progress=lambda msg: (status.update(msg), console.print(f"[dim]{msg}[/]")))

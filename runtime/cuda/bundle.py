@@ -92,12 +92,14 @@ def _cast(torch, tensors: dict, dtype) -> dict:
 
 
 def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "linked",
-                      mem_get_info=None, bf16: bool | None = None):
+                      mem_get_info=None, bf16: bool | None = None, kv_cache: str | None = None):
     """A CudaDecoder over the bundle's weights on the GPU (the bundle's files are hashed and confined).
 
     `mem_get_info`: () -> (free, total) bytes, the GPU's by default (tests give a figure on CPU tensors); with one,
     the weights are checked against it before they load, the slot pool is sized from it (`slot_plan`) and every
-    cache is checked before it is allocated. `bf16`: whether the device runs bf16 (the GPU's answer by default)."""
+    cache is checked before it is allocated. `bf16`: whether the device runs bf16 (the GPU's answer by default).
+    `kv_cache="fp8"`: an FP8 KV cache (runtime/cuda/fp8_build.py; calibrated now if the bundle has no scales).
+    FP8 weights or an FP8 cache on a GPU without FP8 (sm < 89: Orin, Ampere) are refused, naming the GPU."""
     torch = require("torch", "running a cuda bundle")
     require("safetensors", "running a cuda bundle")
     from safetensors.torch import load_file
@@ -109,6 +111,13 @@ def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = 
 
     if not is_cuda_bundle(bundle):
         raise BundleError(f"{bundle.path}: expected a cuda bundle, found backend {bundle.manifest.backend!r}")
+    fp8_wanted = kv_cache == "fp8" or "fp8" in (bundle.manifest.precision.get("float"),
+                                                bundle.manifest.precision.get("kv_cache"))
+    if fp8_wanted and device != "cpu" and torch.cuda.is_available():  # before the arch check: no rebuild helps
+        from edgeattn.runtime.cuda.fp8 import check_fp8_gpu
+
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+        check_fp8_gpu(torch.cuda.get_device_name(torch.device(device)), 10 * major + minor, str(bundle.path))
     dev = device_check(bundle, device) if device != "cpu" else torch.device("cpu")
     on_gpu = dev.type == "cuda"
     read = mem_get_info or ((lambda: torch.cuda.mem_get_info(dev)) if on_gpu else None)
@@ -133,6 +142,11 @@ def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = 
     generation = json.loads(bundle.file(GENERATION_FILE).read_text(encoding="utf-8"))
     codec = TextCodec.from_files(bundle.file(TOKENIZER_FILE), generation)
     rope = float(geometry.get("rope_scaling", 1.0))
+    if fp8_wanted:  # FP8 weights as the decode step's tuples; the FP8 cache's scales
+        from edgeattn.runtime.cuda.fp8_build import open_fp8
+
+        tensors = open_fp8(tensors, bundle.manifest.precision, kv_cache=kv_cache, encode=codec.encode,
+                           build=lambda t: PackedDecoder.from_state_dict(shape, t, rope))
     weights = PackedDecoder.from_state_dict(shape, tensors, rope)
     info = {**section, "precision": precision, "precision_note": why, "device": str(dev), "device_name": where}
     check = None

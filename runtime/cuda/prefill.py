@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeattn.optional import require
+from edgeattn.runtime.cuda import fp8_cache
 from edgeattn.runtime.cuda.decode_step import PackedDecoder, _angles, _rms_norm, layer_head, layer_tail
 
 
@@ -104,7 +105,10 @@ def prefill_batch(w: PackedDecoder, ids, lengths, starts, window: int, keys, val
         q, q_s, k, v = layer_head(h, t["ln1"][i], t["wqkv"][i], t["bqkv"][i], t["qn"][i], t["kn"][i], cos, sin,
                                   cos_s, sin_s, shape=s)  # q: [T, H, D]; k, v: [T, H_kv, D]
         kc, vc = keys[i], values[i]  # [streams, H_kv, C, D]
-        _write(kc, vc, k, v, before)
+        ks, vs = fp8_cache.layer_scales(w, i)  # an FP8 cache: attention sees the rows as the cache keeps them
+        if ks is not None:
+            k, v = fp8_cache.roundtrip(k, ks), fp8_cache.roundtrip(v, vs)
+        _write(kc, vc, k, v, before, ks, vs)
         o = torch.empty_like(q)
         for kind, g in groups.items():
             if kind == "first":
@@ -112,27 +116,33 @@ def prefill_batch(w: PackedDecoder, ids, lengths, starts, window: int, keys, val
                                                      enable_gqa=True)
             elif kind == "later":
                 members, span, mask = extra["later"]
-                out = F.scaled_dot_product_attention(g.pad(q), _heads(kc[members, :, :span], s),
-                                                     _heads(vc[members, :, :span], s), attn_mask=mask,
+                out = F.scaled_dot_product_attention(g.pad(q), _heads(_read(kc[members, :, :span], ks, q.dtype), s),
+                                                     _heads(_read(vc[members, :, :span], vs, q.dtype), s), attn_mask=mask,
                                                      scale=s.scale)
             else:
                 members, cache_position, wt = extra["ring"]
-                out = cached_windowed_attention(g.pad(q), g.pad(q_s), g.pad(k), g.pad(v), kc[members], vc[members],
+                out = cached_windowed_attention(g.pad(q), g.pad(q_s), g.pad(k), g.pad(v), _read(kc[members], ks, q.dtype),
+                                                _read(vc[members], vs, q.dtype),
                                                 cache_position, wt, sinks=s.sinks, scale=s.scale)
             g.unpad_into(o, out)
-        _write(kc, vc, k, v, after)
+        _write(kc, vc, k, v, after, ks, vs)
         h = layer_tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
     if last_only:
         h = h[torch.as_tensor(offsets + lengths - 1, device=dev)]
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
 
 
-def _write(kc, vc, k, v, where) -> None:
-    """Rows of some packed tokens into their streams' cache rows (in place)."""
+def _write(kc, vc, k, v, where, k_scale=None, v_scale=None) -> None:
+    """Rows of some packed tokens into their streams' cache rows (in place; FP8 with the scales)."""
     streams, slots, tokens = where
     if tokens.numel():
-        kc[streams, :, slots] = k[tokens].to(kc.dtype)
-        vc[streams, :, slots] = v[tokens].to(vc.dtype)
+        fp8_cache.store(kc, streams, slots, k[tokens], k_scale)
+        fp8_cache.store(vc, streams, slots, v[tokens], v_scale)
+
+
+def _read(rows, scale, dtype):
+    """Cache rows [n, H_kv, L, D] in `dtype` (an FP8 cache's dequantized)."""
+    return rows if scale is None else fp8_cache.load(rows, scale, dtype)
 
 
 def _heads(x, s):
