@@ -153,7 +153,7 @@ def test_the_body_reads_only_the_chosen_pages():
     assert set(big.values()) == {"Reshape"} and len(big) == 4, big  # past_key and past_value, for each Gather
 
 
-def test_the_cpu_lowering_takes_a_budget_node():  # tests/test_budget_cpu_lowering.py checks what it computes
+def test_the_budget_inputs_do_not_keep_the_op_from_the_cpu_lowering():  # tests/test_budget_cpu_lowering.py lowers it
     import onnx_ir as ir
 
     from edgeattn.passes import PassContext
@@ -162,7 +162,7 @@ def test_the_cpu_lowering_takes_a_budget_node():  # tests/test_budget_cpu_loweri
 
     model = ir.serde.deserialize_model(_model(2, True))
     result = LowerCachedAttentionForCpu()(model, PassContext(get_target("cpu")))
-    assert result.details["lowered"] == 1 and not result.problems
+    assert len(result.problems) == 1 and "expected static" in result.problems[0]  # this model's head counts are symbolic
 
 
 def test_a_constant_k_max_with_a_mask_reads_what_a_run_time_k_reads():
