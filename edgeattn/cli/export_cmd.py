@@ -22,8 +22,12 @@ import click
 @click.option("--sinks", default=4, show_default=True, help="--decoder: first tokens kept for the whole stream.")
 @click.option("--window-max", default=2048, show_default=True,
               help="--decoder: the ring's default size (the runtime may choose another).")
+@click.option("--page", default=0, show_default=True,
+              help="--decoder: rows per retrieval page of the attention budget (16: Quest's; it must divide "
+                   "--window-max); the model then reads attention_pages and the pages' key bounds. 0: the window "
+                   "alone.")
 @click.option("--quiet", "-q", is_flag=True, help="--decoder: no progress on stderr, only the result.")
-def export(model, out, exporter, opset, attention, decoder, sinks, window_max, quiet):
+def export(model, out, exporter, opset, attention, decoder, sinks, window_max, page, quiet):
     """Export MODEL to ONNX: an alias of a packaged model (minilm, smollm2) or a Hugging Face folder."""
     if decoder:
         from edgeattn.decoder.export import DecoderExportConfig, export_decoder
@@ -32,10 +36,12 @@ def export(model, out, exporter, opset, attention, decoder, sinks, window_max, q
             raise click.UsageError("--decoder uses the dynamo exporter and its own attention: drop --exporter "
                                    "and --attention")
         with stages(quiet) as progress:
-            path = export_decoder(model, out, DecoderExportConfig(sinks=sinks, window_max=window_max, opset=opset),
-                                  progress=progress)
+            path = export_decoder(model, out, DecoderExportConfig(sinks=sinks, window_max=window_max, opset=opset,
+                                                                  page=page), progress=progress)
         click.echo(f"wrote {path}")
         return
+    if page:
+        raise click.UsageError("--page is for --decoder exports")
     from edgeattn.export import ExportConfig, export_hf
 
     path = export_hf(model, out, ExportConfig(exporter=exporter, opset=opset, attention=attention))
