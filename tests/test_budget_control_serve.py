@@ -159,3 +159,16 @@ def test_generate_budget_with_pages_on_a_bundle_without_them_is_a_clear_error(ti
     result = _generate(runner, tiny_decoder[3], "--budget", "36")
     assert result.exit_code == 2 and "retrieval pages" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_serve_refuses_a_budget_policy_on_a_bundle_that_reads_no_pages(tiny_decoder, runner, tmp_path):
+    """Refused at start-up, not after the device heats (when every request would fail)."""
+    from edgeattn.runtime.thermal.offline.example_trace import path as trace_path
+
+    policy = tmp_path / "budget.toml"
+    policy.write_text('kind = "step"\nthresholds_c = [75, 85]\nbudget = {recent = 0.25}\n')
+    result = runner.invoke(cli, ["serve", str(tiny_decoder[3]), "--port", "0", "--thermal-policy", str(policy),
+                                 "--thermal-sensor", f"replay:{trace_path()}"])
+    assert result.exit_code == 2, result.output
+    assert "--thermal-policy: a budget policy (recent 0.25) cannot run on" in result.output
+    assert "retrieval pages" in result.output and "Traceback" not in result.output

@@ -47,6 +47,28 @@ def _sensor_gpu(bundles, sensor: str) -> int:
     return nvml_index(device_check(cuda[0]))  # no GPU: the same error the model's opening gives
 
 
+def _check_budget_policy(app, controller) -> None:
+    """A thermal policy that splits its levels into retrieval pages needs every served model to read pages:
+    refused at start-up rather than failing requests once the device heats."""
+    from edgeattn.attention.budget import AttentionBudget
+    from edgeattn.errors import ConfigError
+    from edgeattn.runtime.generation.engine import live_budget
+    from edgeattn.runtime.server.app import DECODERS, MODELS
+
+    split = getattr(controller, "split", None)
+    if split is None or split.window_only:
+        return
+    policy = f"--thermal-policy: a budget policy (recent {split.recent:g})"
+    if app[MODELS]:
+        raise ConfigError(f"{policy} needs models that read retrieval pages, found bundles that read a window only: "
+                          f"{', '.join(sorted(app[MODELS]))}")
+    for name, decoder in app[DECODERS].items():
+        try:
+            live_budget(decoder.model, AttentionBudget(split.page, 1, split.page))
+        except ConfigError as exc:
+            raise ConfigError(f"{policy} cannot run on {name!r}: {exc}") from None
+
+
 def _budget_line(decoder, controller) -> str:
     """The live attention budget of a decoder at start-up, and what moves it."""
     from edgeattn.runtime.generation.engine import budget_rows
@@ -154,6 +176,7 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
                f"queue delay {settings.max_queue_delay_ms:g} ms)", err=True)
     for decoder in app[DECODERS].values():
         click.echo(f"generation slots of {decoder.describe()}", err=True)
+    _check_budget_policy(app, controller)
     for decoder in app[DECODERS].values():
         click.echo(_budget_line(decoder, controller), err=True)
     serve_forever(app, settings.host, settings.port, shutdown_timeout=settings.shutdown_timeout_s,
