@@ -247,3 +247,15 @@ def test_fp8_graph_replays_equal_eager_steps_on_cuda(mode):
     equal_bytes = float((k1[0].view(torch.uint8) == k2[0].view(torch.uint8)).float().mean())
     assert (same, equal_bytes) == (40, 1.0) if mode == "none" else (same >= 36 and equal_bytes > 0.97), (same,
                                                                                                   equal_bytes)
+
+
+def test_the_fused_mode_falls_back_to_the_eager_pieces_for_fp8():
+    """The fused step's kernels read bf16 matrices and a bf16 cache: with FP8 weights or cache it runs the eager
+    step instead of reading FP8 bytes as bf16."""
+    from edgeattn.runtime.cuda.decode_step import decode_fused
+
+    weights = fp8_decoder(PackedDecoder.from_hf(tiny(), sinks=2, window_max=16), [list(range(20))])
+    tokens = torch.randint(0, 96, (2, 6))
+    want, _, _ = steps(weights, tokens)
+    got, _, _ = steps(weights, tokens, decode_fused)
+    assert torch.equal(got, want)

@@ -259,6 +259,9 @@ def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits:
     """decode_logits in hand-written Triton kernels (edgeattn.plugins.kernels.fused_decode), about 5 launches a
     layer: norm + Q/K/V + rotation + cache write, attention, output projection + residual, norm + gate/up + SiLU,
     down projection + residual; then norm + LM head (+ the argmax on the device with `greedy`: [B] int64)."""
+    if "kv_scale" in w.t or isinstance(w.t["wqkv"][0], tuple):  # FP8 weights or cache: the kernels read bf16
+        logits = decode_logits(w, ids, positions, window, keys, values, splits)
+        return logits.argmax(dim=-1) if greedy else logits
     from edgeattn.plugins.kernels import fused_decode as fk  # loads triton
     from edgeattn.plugins.kernels.cached_decode import cached_decode
 
