@@ -98,7 +98,7 @@ def test_served_cuda_bundle_sizes_its_slots_from_the_memory_and_says_so_in_metri
     assert 'edgeattn_slots{model="tiny"} 7.0' in text
     assert f'edgeattn_kv_cache_bytes{{model="tiny"}} {float(cache.nbytes)}' in text
     assert f'edgeattn_kv_cache_slot_bytes{{model="tiny"}} {float(cache.nbytes // 7)}' in text
-    assert runtime.metadata()["parameters"]["slots"] == 7
+    assert runtime.metadata()["parameters"]["slots"] == 7 and runtime.metadata()["parameters"]["precision"] == "fp32"
     assert runtime.describe().startswith("tiny: 7 slots (auto, at most 256) x ") and "running in fp32" in \
         runtime.describe()
 
@@ -163,8 +163,7 @@ def test_manifest_records_each_matrix_precision_and_inspect_shows_it(bf16_bundle
     result = runner.invoke(cli, ["inspect", str(bf16_bundle.path)])
     assert result.exit_code == 0, result.output
     assert "precision: per layer (float bf16)" in result.output
-    assert any(line.split("│")[1:4] == [" wqkv   ", " 0-1    ", " bf16 "] or
-               ("wqkv" in line and "0-1" in line and "bf16" in line) for line in result.output.splitlines())
+    assert any("wqkv" in line and "0-1" in line and "bf16" in line for line in result.output.splitlines())
 
 
 def test_a_bf16_bundle_runs_in_fp16_on_a_gpu_without_bf16_and_says_so(bf16_bundle, caplog):

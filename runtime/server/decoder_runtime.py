@@ -200,7 +200,8 @@ class DecoderRuntime:
                 "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}],
                 "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}],
                 "parameters": {"slots": self.slots, "sinks": layout.sinks, "window_max": layout.window_max,
-                               "max_tokens_limit": self.max_tokens_limit}}
+                               "max_tokens_limit": self.max_tokens_limit,
+                               **({"precision": self.model.info["precision"]} if self.plan else {})}}
 
     def statistics(self) -> dict:
         return {"name": self.name, "version": "1", "slots": self.slots, "busy": self.scheduler.busy,
