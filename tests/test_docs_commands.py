@@ -166,6 +166,11 @@ CASES: dict[tuple[str, str], Case] = {
         "slow", smollm2=True, subs=(("--prompt", "--max-tokens 24 --prompt"),), why="24 tokens"),
     ("docs/generation.md", "edgeattn build smollm2 --target cuda --out smollm2.cuda"): Case(
         "slow", expect="target cuda"),
+    ("docs/fp8.md", "edgeattn build smollm2 --target cuda --precision fp8 --kv-cache fp8 --out smollm2-fp8.cuda"):
+        Case("slow", expect="target cuda, fp8"),
+    ("docs/fp8.md", "edgeattn inspect smollm2-fp8.cuda"): Case(
+        "slow", setup="edgeattn build smollm2 --target cuda --precision fp8 --kv-cache fp8 --arch none "
+                      "--out smollm2-fp8.cuda", expect="fp8 weights", why="the bundle built first, without kernels"),
     ("docs/generation.md", 'edgeattn generate smollm2.cuda --prompt "Explain what a heat sink does"'): skip(GPU),
     ("docs/generation.md", "edgeattn serve smollm2.cuda --slots 256"): skip(GPU),
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_cpu.py prepare"): skip(BENCH),
