@@ -77,13 +77,23 @@ def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
     k3, v3 = weights.new_cache(3)
     greedy = DecodeGraph(weights, k2, v2, batch=3, compile="fused")
     logits = DecodeGraph(weights, k3, v3, batch=3, compile="fused", greedy=False)
-    wrong, worst = 0, 0.0
+    worst, near_ties, wrong = 0.0, 0, 0
     with torch.no_grad():
         for p in range(50):  # the ring of 32 wraps; window 16 < ring
             pos = torch.tensor([p, p + 5, max(p - 9, 0)], device="cuda")
-            want = decode_logits(weights, tokens[:, p], pos, torch.tensor(16, device="cuda"), k1, v1)
-            wrong += int(not torch.equal(greedy(tokens[:, p], pos, 16), want.argmax(-1)))
-            got = logits(tokens[:, p], pos, 16)
-            worst = max(worst, float((got.float() - want.float()).abs().max() / want.float().abs().max()))
+            want = decode_logits(weights, tokens[:, p], pos, torch.tensor(16, device="cuda"), k1, v1).float()
+            ids = greedy(tokens[:, p], pos, 16)
+            got = logits(tokens[:, p], pos, 16).float()
+            diff = float((got - want).abs().max())
+            worst = max(worst, diff / float(want.abs().max()))
+            # bf16 rounds in other places than the eager step: a different choice must be a near-tie of the eager
+            # logits (within twice the largest logit difference), never a clearly worse token
+            chosen = want.gather(1, ids[:, None])[:, 0]
+            off = chosen < want.max(-1).values
+            near_ties += int(off.sum())
+            wrong += int((off & (chosen < want.max(-1).values - 2 * diff)).sum())
     assert wrong == 0
-    assert worst < (1e-3 if dtype == "float32" else 3e-2), worst
+    if dtype == "float32":
+        assert near_ties == 0 and worst < 1e-3, (near_ties, worst)
+    else:
+        assert near_ties <= 5 and worst < 3e-2, (near_ties, worst)

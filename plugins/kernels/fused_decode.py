@@ -294,12 +294,19 @@ class FusedTiles:
             raise ValueError(f"block_b: expected 1 with gemv (one stream a program), found {self.block_b}")
 
 
-# batch bucket (largest batch it serves) -> tiles; the last row serves every larger batch
+# batch bucket (largest batch it serves) -> tiles; the last row serves every larger batch. H200 sweeps (2026-12-02,
+# SmolLM2-135M's shape, context 8,192, W=1024, benchmarks/cuda_step_h200.py --parts tiles, GPU time a step):
+# batch 1 went from 1.02 ms to 0.93 with 8 rows a program in the hidden-sized products (more programs, more loads
+# in flight), to 0.93 with 128-wide reduction steps, 0.95 with both, then 0.90 with 4 rows; 8 gate/up rows (0.99),
+# 4 rotation pairs (0.95) and 128 vocabulary rows (0.97) did not help, 2 warps lost (1.41). Batch 64: 8 warps
+# 2.20 ms against 4 warps 2.52; 32-wide steps lost (2.85); other row counts within 1%. At batch 64 torch.compile + cuBLAS ("linked", 1.87 ms) still wins: DecodeGraph's
+# "auto" mode takes the fused step only where it measured faster (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
 FUSED_TILES: tuple[tuple[int, FusedTiles], ...] = (
-    (4, FusedTiles(gemv=True, block_b=1, block_n_hidden=16, block_n_inter=16, block_n_vocab=64, pairs=8)),
+    (4, FusedTiles(gemv=True, block_b=1, block_n_hidden=4, block_n_inter=16, block_n_vocab=64, block_k=128,
+                   pairs=8)),
     (16, FusedTiles(gemv=False, block_b=16, block_n_hidden=16, block_n_inter=32, block_n_vocab=128)),
-    (32, FusedTiles(gemv=False, block_b=32, block_n_hidden=32, block_n_inter=32, block_n_vocab=128)),
-    (1 << 30, FusedTiles(gemv=False, block_b=64, block_n_hidden=32, block_n_inter=64, block_n_vocab=128)),
+    (32, FusedTiles(gemv=False, block_b=32, block_n_hidden=32, block_n_inter=32, block_n_vocab=128, warps=8)),
+    (1 << 30, FusedTiles(gemv=False, block_b=64, block_n_hidden=32, block_n_inter=64, block_n_vocab=128, warps=8)),
 )
 
 
@@ -380,4 +387,52 @@ def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
     return out
 
 
-__all__ = ["FUSED_TILES", "FusedTiles", "fused_tiles", "gate_up", "linear_residual", "lm_head", "qkv_rope"]
+# --- ahead of time -------------------------------------------------------------------------------------------------
+AOT_KINDS = ("fused_embed_qkv_rope", "fused_qkv_rope", "fused_linear_residual", "fused_gate_up", "fused_lm_head",
+             "fused_argmax")
+# the kernels' pointer parameters that are not the model's dtype
+_AOT_POINTERS = {"Ids": "*i64", "Pos": "*i64", "Window": "*i64", "InvFreq": "*fp32", "PartV": "*fp32",
+                 "PartI": "*i32", "Out": "*i64"}
+
+
+def aot_kernel(kind: str, dtype: str, head_dim: int, features: int):
+    """(jit kernel, constexprs, num_warps, num_stages, grid rule, parameter types) of one fused kernel compiled ahead
+    of time with the small-batch tiles (FUSED_TILES' first row; no Q/K/V bias, no per-head norms: Llama's layout).
+    features: what the product reduces over, a compile-time shape (the hidden size; the down projection's: the
+    intermediate size; the argmax's: the vocabulary). dtype: the model's, as a Triton pointer type ("*bf16")."""
+    tiles = FUSED_TILES[0][1]
+    common = dict(K=features, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, IEEE=False, GEMV=tiles.gemv)
+    scalars = {"eps": "fp32", "rope_scale": "fp32"}
+    if kind in ("fused_embed_qkv_rope", "fused_qkv_rope"):
+        pairs = min(tiles.pairs or head_dim // 2, head_dim // 2)
+        const = dict(common, HEAD_DIM=head_dim, PAIRS=pairs, FROM_IDS=kind == "fused_embed_qkv_rope",
+                     HAS_BIAS=False, HAS_QK_NORM=False)
+        fn, grid = _qkv_rope_kernel, f"((H + 2 * H_kv) * {head_dim // 2 // pairs}, B, 1)"
+    elif kind == "fused_linear_residual":
+        const = dict(common, BLOCK_N=tiles.block_n_hidden)
+        fn, grid = _linear_residual_kernel, f"(cdiv(N, {tiles.block_n_hidden}), B, 1)"
+    elif kind == "fused_gate_up":
+        const = dict(common, BLOCK_N=tiles.block_n_inter)
+        fn, grid = _gate_up_kernel, f"(cdiv(N, {tiles.block_n_inter}), B, 1)"
+    elif kind == "fused_lm_head":
+        const = dict(common, BLOCK_N=tiles.block_n_vocab)
+        fn, grid = _lm_head_kernel, f"(cdiv(V, {tiles.block_n_vocab}), B, 1)"
+    elif kind == "fused_argmax":
+        const = dict(BLOCK=max(16, triton.next_power_of_2(_cdiv(features, tiles.block_n_vocab))))
+        fn, grid = _argmax_kernel, "(B, 1, 1)"
+    else:
+        raise ValueError(f"fused kernel kind: expected one of {AOT_KINDS}, found {kind!r}")
+    types = {}
+    for name in fn.arg_names:
+        if name in const:
+            continue
+        if name in scalars:
+            types[name] = scalars[name]
+        elif name[0].isupper() and name not in ("B", "H", "H_kv", "N", "V"):  # pointers are capitalised, sizes too
+            types[name] = _AOT_POINTERS.get(name, dtype)
+        else:
+            types[name] = "i32"
+    return fn, const, tiles.warps, 3, grid, types
+
+
+__all__ = ["AOT_KINDS", "FUSED_TILES", "FusedTiles", "fused_tiles", "gate_up", "linear_residual", "lm_head", "qkv_rope", "aot_kernel"]

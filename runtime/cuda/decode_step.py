@@ -291,7 +291,8 @@ def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits
     return (_logits or decode_logits)(w, ids, positions, window, keys, values, splits, **pieces).argmax(dim=-1)
 
 
-COMPILE_MODES = ("none", "layers", "linked", "whole", "fused")
+COMPILE_MODES = ("none", "layers", "linked", "whole", "fused", "auto")
+FUSED_MAX_BATCH = 4  # "auto": the fused step up to this batch (faster on the H200), "linked" above
 
 
 class DecodeGraph:
@@ -300,7 +301,8 @@ class DecodeGraph:
     `compile`: "none", "layers" (torch.compile on the pieces around attention: one compilation serves every
     layer, window and split count), "linked" (a layer's tail and the next one's head, cache writes included,
     compiled as one piece), "whole" (the step as one graph, recompiled per split count) or "fused" (no
-    torch.compile: hand-written Triton kernels, about 5 launches a layer, decode_fused). `splits`:
+    torch.compile: hand-written Triton kernels, about 5 launches a layer, decode_fused); "auto": "fused" for a
+    batch up to FUSED_MAX_BATCH, "linked" above (what measured faster on the H200). `splits`:
     programs per kv head of the attention kernel (fixed by the capture; cached_decode_splits sizes it)."""
 
     def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
@@ -313,6 +315,9 @@ class DecodeGraph:
         self.window = torch.zeros((), dtype=torch.int64, device=dev)
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
+        if compile == "auto":
+            compile = "fused" if batch <= FUSED_MAX_BATCH else "linked"
+        self.compile = compile
         fn = decode_greedy if greedy else decode_logits
         self.sampling = sampling  # DeviceSampling for `batch` rows: the graph samples (greedy rows included)
         if sampling is not None:
