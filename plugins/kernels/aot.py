@@ -31,6 +31,13 @@ KINDS = ("prefill", "decode_split", "decode_reduce", "ring_decode_split",  # rin
          "ring_fp8_decode_split")  # the same over an FP8 E4M3 cache (ring_fp8.py): sm_89 and later
 FP8_KINDS = ("ring_fp8_decode_split",)
 FP8_MIN_SM = 89  # FP8 conversions in hardware: Ada, Hopper, Thor; not Orin (sm_87)
+FUSED_KINDS = ("fused_embed_qkv_rope", "fused_qkv_rope", "fused_linear_residual", "fused_gate_up", "fused_lm_head",
+               "fused_argmax")  # the fused decode step's kernels (fused_decode.py), for one model's sizes
+KINDS += FUSED_KINDS
+# the fused variants built by default: SmolLM2-135M's sizes (kind, head dim, what each product reduces over)
+FUSED_DEFAULTS = (("fused_embed_qkv_rope", 64, 576), ("fused_qkv_rope", 64, 576), ("fused_linear_residual", 64, 576),
+                  ("fused_linear_residual", 64, 1536), ("fused_gate_up", 64, 576), ("fused_lm_head", 64, 576),
+                  ("fused_argmax", 64, 49152))
 DECODE_BLOCK_M = 16  # AOT decode variants serve GROUP * S_q <= 16 rows per kv head
 DECODE_SPLITS = 16  # programs per kv head in the AOT decode grid (a power of two)
 
@@ -46,6 +53,7 @@ class KernelVariant:
     has_pad: bool = False
     sinks: int | None = None
     scale: float | None = None
+    features: int | None = None  # fused kinds: the size a product reduces over (a compile-time shape)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -56,11 +64,16 @@ class KernelVariant:
             raise ConfigError(f"head_dim: expected 16, 32, 64, 128 or 256, found {self.head_dim}")
         if self.sinks is not None and self.sinks < 0:
             raise ConfigError(f"sinks: expected >= 0, found {self.sinks}")
+        if (self.kind in FUSED_KINDS) != (self.features is not None and self.features > 0):
+            raise ConfigError(f"features: expected a size > 0 for the fused kinds and none for the others, "
+                              f"found {self.features} for {self.kind}")
 
     @property
     def name(self) -> str:
         parts = [self.kind, self.dtype, f"d{self.head_dim}"]
-        if self.kind != "decode_reduce":
+        if self.features is not None:
+            parts.append(f"k{self.features}")
+        elif self.kind != "decode_reduce":
             parts.append("causal" if self.causal else "bidir")
             if self.has_pad:
                 parts.append("pad")
@@ -80,6 +93,7 @@ def default_variants() -> list[KernelVariant]:
             out += [KernelVariant("decode_split", dtype, d), KernelVariant("decode_reduce", dtype, d)]
             out.append(KernelVariant("ring_decode_split", dtype, d))  # with decode_reduce: the cuda target's decode
             out.append(KernelVariant("ring_fp8_decode_split", dtype, d))  # the FP8 cache's (not for sm_87)
+        out += [KernelVariant(kind, dtype, d, features=k) for kind, d, k in FUSED_DEFAULTS]
     return out
 
 
@@ -156,8 +170,21 @@ def _kernel_and_constexprs(variant: KernelVariant, arch: int):
         block_n, warps, stages = ring_fp8.FP8_TILE
         const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, BLOCK_N=block_n, SPLITS=DECODE_SPLITS)
         return ring_fp8._ring_fp8_split_kernel, const, warps, stages, f"({DECODE_SPLITS}, B * H_kv, 1)"
+    if variant.kind in FUSED_KINDS:
+        from edgeattn.plugins.kernels import fused_decode
+
+        return fused_decode.aot_kernel(variant.kind, DTYPES[variant.dtype], variant.head_dim, variant.features)[:5]
     const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, SPLITS=DECODE_SPLITS)
     return decode._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
+
+
+def _fused_types(variant: KernelVariant) -> dict:
+    """A fused kernel's parameter types (its pointers are not named as the attention kernels'); {} for the others."""
+    if variant.kind not in FUSED_KINDS:
+        return {}
+    from edgeattn.plugins.kernels import fused_decode
+
+    return fused_decode.aot_kernel(variant.kind, DTYPES[variant.dtype], variant.head_dim, variant.features)[5]
 
 
 def _arch_number(arch: str | int) -> int:
@@ -187,11 +214,14 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
     if variant.scale is not None and "sm_scale" in fn.arg_names:
         const["sm_scale"] = variant.scale
     signature, params = {}, []
+    fused = _fused_types(variant)
     for name in fn.arg_names:
         if name in const:
             signature[name] = "constexpr"
             continue
-        if name in ("K", "V") and variant.kind in FP8_KINDS:
+        if name in fused:
+            signature[name] = fused[name]
+        elif name in ("K", "V") and variant.kind in FP8_KINDS:
             signature[name] = "*fp8e4nv"
         elif name in ("KS", "VS"):
             signature[name] = "*fp32"
