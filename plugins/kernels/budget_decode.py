@@ -8,10 +8,9 @@ will overwrite (position t - window_max) included.
 
 1. `_budget_select_kernel`, one program per (stream, KV head): every candidate page (a page with a filled past
    row at distance t - p >= W) is scored max over the group's query heads h of sum_d max(q[h,d] * lo[d],
-   q[h,d] * hi[d]) (q rotated at t, no scale; as two small matrix products of q's positive and negative parts),
-   and the k = min(pages, K_MAX) best are listed by rank (ties: the lower page first; fewer candidates: all of
-   them; the rest of the list is -1). k is a device scalar, like the window, so a CUDA graph replays any k up
-   to K_MAX.
+   q[h,d] * hi[d]) (q rotated at t, no scale), and the k = min(pages, K_MAX) best are listed (ties: the lower
+   page first; fewer candidates: all of them; the rest of the list is -1). k is a device scalar, like the
+   window, so a CUDA graph replays any k up to K_MAX.
 2. `_budget_decode_split_kernel`, grid (SPLITS, B * H_kv): exact online softmax over the sink rows (q_sink),
    the window rows and the new token (q), and the chosen pages' filled rows that are not window rows (q), split
    across SPLITS programs and merged by decode.py's reduce kernel. Page rows are gathered BLOCK_N at a time
@@ -43,15 +42,26 @@ def _held_positions(r, t, sinks, wmax):
 
 
 @triton.jit
+def _top_keys(key, P_POW2: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr):
+    """The K_MAX largest of key [P_POW2] (int64), largest first."""
+    if K_MAX == P_POW2:
+        return tl.sort(key, descending=True)
+    elif HAS_TOPK:
+        return tl.topk(key, K_MAX)
+    else:  # sorted descending, row 0 of [P_POW2 / K_MAX, K_MAX] holds the largest: the column maxima
+        return tl.max(tl.reshape(tl.sort(key, descending=True), [P_POW2 // K_MAX, K_MAX]), 0)
+
+
+@triton.jit
 def _budget_select_kernel(
-    Q, Bounds, Pos, Window, Pages, Keys, Sel,
+    Q, Bounds, Pos, Window, Pages, Sel,
     stride_qb, stride_qh, stride_bb, stride_bh,
     H_kv, GROUP, sinks, wmax, n_pages,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-    P_POW2: tl.constexpr, K_MAX: tl.constexpr, CHUNK: tl.constexpr,
+    P_POW2: tl.constexpr, K_TOP: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr,
 ):
     # q: [B, H, D] rotated at t; bounds: [B, H_kv, P, 2, D]; pos: [B] int64; window, pages: [] int64
-    # keys: [B * H_kv, P_POW2] int64 scratch; sel: [B * H_kv, K_MAX] int32 out; grid (B * H_kv,)
+    # sel: [B * H_kv, K_MAX] int32 out (K_TOP = min(K_MAX, P_POW2) entries can be pages); grid (B * H_kv,)
     pid = tl.program_id(0)
     b = (pid // H_kv).to(tl.int64)
     hk = (pid % H_kv).to(tl.int64)
@@ -90,21 +100,14 @@ def _budget_select_kernel(
         key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # float order as signed int order
         key = (key.to(tl.int64) << 32) | (P_POW2 - 1 - page).to(tl.int64)  # ties: the lower page is larger
         keys = tl.where((blocks == i)[:, None], key[None, :], keys)
-    # the rank of each page's key among all (keys are distinct: the page is in the low bits); the k best go to
-    # their rank's entry of the list, best first (no sort: P_POW2 x CHUNK comparisons a step, no data movement)
-    keys = tl.reshape(keys, [P_POW2])
-    idx = tl.arange(0, P_POW2)
-    tl.store(Keys + pid.to(tl.int64) * P_POW2 + idx, keys)
-    tl.debug_barrier()  # the keys written above, read back by every thread of the program
-    rank = tl.zeros([P_POW2], tl.int32)
-    for c in range(0, P_POW2, CHUNK):
-        other = tl.load(Keys + pid.to(tl.int64) * P_POW2 + c + tl.arange(0, CHUNK))  # other: [CHUNK]
-        rank += tl.sum((other[None, :] > keys[:, None]).to(tl.int32), 1)
-    k = tl.minimum(tl.minimum(tl.maximum(tl.load(Pages).to(tl.int32), 0), K_MAX), n_cand)
-    base = Sel + pid.to(tl.int64) * K_MAX
-    tl.store(base + rank, idx, mask=rank < k)  # candidates outrank every other page: rank < k <= n_cand
-    j = tl.arange(0, K_MAX)
-    tl.store(base + j, tl.full([K_MAX], -1, tl.int32), mask=j >= k)
+    top = _top_keys(tl.reshape(keys, [P_POW2]), P_POW2, K_TOP, HAS_TOPK)  # [K_TOP], best first
+    chosen = P_POW2 - 1 - (top & 0xFFFFFFFF).to(tl.int32)
+    k = tl.minimum(tl.minimum(tl.maximum(tl.load(Pages).to(tl.int32), 0), K_TOP), n_cand)
+    j = tl.arange(0, K_TOP)
+    tl.store(Sel + pid.to(tl.int64) * K_MAX + j, tl.where(j < k, chosen, -1))
+    if K_MAX > K_TOP:  # a list longer than the ring's pages (a short ring): the rest is empty
+        j = tl.arange(0, K_MAX)
+        tl.store(Sel + pid.to(tl.int64) * K_MAX + j, tl.full([K_MAX], -1, tl.int32), mask=j >= K_TOP)
 
 
 @triton.jit
@@ -233,6 +236,8 @@ def selection_length(k_max: int, page: int) -> int:
     return max(k_max_for(k_max), DECODE_BLOCK_N // page)
 
 
+HAS_TOPK = hasattr(tl, "topk")  # Triton >= 3.5: a bitonic top-k; before, a full sort
+
 
 def budget_splits(batch_kv_heads: int, sinks: int, window_keys: int, k_max: int, page: int, sms: int) -> int:
     """Splits per kv head from the rows the budget reads at most (sinks + W + K_MAX * page)."""
@@ -250,13 +255,12 @@ def select_pages(q, bounds, positions, window, pages, *, sinks: int, page: int, 
     p_pow2 = max(16, triton.next_power_of_2(n_pages))
     k_max = selection_length(k_max, page)
     sel = torch.empty((b * h_kv, k_max), device=q.device, dtype=torch.int32)
-    keys = torch.empty((b * h_kv, p_pow2), device=q.device, dtype=torch.int64)  # scratch
     _budget_select_kernel[(b * h_kv,)](
-        q, bounds, positions, window, pages, keys, sel,
+        q, bounds, positions, window, pages, sel,
         q.stride(0), q.stride(1), bounds.stride(0), bounds.stride(1),
         h_kv, h // h_kv, int(sinks), n_pages * page, n_pages,
         HEAD_DIM=d, PAGE=int(page), BLOCK_M=max(16, triton.next_power_of_2(h // h_kv)), BLOCK_P=min(p_pow2, 128),
-        P_POW2=p_pow2, K_MAX=k_max, CHUNK=min(p_pow2, 32), num_warps=4,
+        P_POW2=p_pow2, K_TOP=min(k_max, p_pow2), K_MAX=k_max, HAS_TOPK=HAS_TOPK, num_warps=4,
     )
     return sel
 
@@ -303,4 +307,4 @@ def budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, 
     return out[:, :, 0]
 
 
-__all__ = ["budget_decode", "budget_splits", "k_max_for", "select_pages", "selection_length"]
+__all__ = ["HAS_TOPK", "budget_decode", "budget_splits", "k_max_for", "select_pages", "selection_length"]
