@@ -284,17 +284,27 @@ def test_nvml_drives_the_window_of_a_cuda_backed_engine(bundle):
 
 
 def test_the_thermal_sensor_reads_the_gpu_the_bundle_opens_on(bundle, monkeypatch):
+    """auto beside a cuda bundle: NVML for a discrete GPU (a server's sysfs zones are its CPUs'), numbered as NVML
+    numbers it; Jetson's sysfs zones for an integrated one."""
     import sys
+    import types
 
-    from edgeattn.cli.serve_cmd import _sensor_gpu
+    import torch
+
+    from edgeattn.cli.serve_cmd import _thermal_source
 
     pretend_gpu(monkeypatch, sm=90)
+    integrated = {"value": 0}
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: types.SimpleNamespace(is_integrated=integrated["value"], uuid="u"))
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML bindings: CUDA_VISIBLE_DEVICES maps the index
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    assert _sensor_gpu([bundle], "auto") == 3
-    assert _sensor_gpu([bundle], "sysfs") == 0
-    monkeypatch.setattr("torch.cuda.current_device", lambda: 1)
-    assert _sensor_gpu([bundle], "nvml") == 1
+    assert _thermal_source([bundle], "auto") == ("nvml", 3)
+    assert _thermal_source([bundle], "sysfs") == ("sysfs", 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert _thermal_source([bundle], "nvml") == ("nvml", 1)
+    integrated["value"] = 1  # Orin, Thor
+    assert _thermal_source([bundle], "auto") == ("sysfs", 0)
 
 
 # --- bench and export-triton ---------------------------------------------------------------------------------------

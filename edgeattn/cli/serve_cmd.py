@@ -37,14 +37,12 @@ class _Slots(click.ParamType):
         return slots
 
 
-def _sensor_gpu(bundles, sensor: str) -> int:
-    """NVML's index of the GPU a cuda bundle opens on (the first one served), else 0."""
-    from edgeattn.runtime.cuda.bundle import device_check, is_cuda_bundle, nvml_index
+def _thermal_source(bundles, sensor: str) -> tuple[str, int]:
+    """The sensor and NVML GPU index for the controller: the GPU the first cuda bundle opens on, if any."""
+    from edgeattn.runtime.cuda.bundle import is_cuda_bundle, thermal_source
 
     cuda = [b for b in bundles if is_cuda_bundle(b)]
-    if not cuda or sensor not in ("auto", "nvml"):
-        return 0
-    return nvml_index(device_check(cuda[0]))  # no GPU: the same error the model's opening gives
+    return thermal_source(cuda[0], sensor) if cuda else (sensor, 0)
 
 
 def _check_budget_policy(app, controller) -> None:
@@ -101,7 +99,8 @@ def _budget_line(decoder, controller) -> str:
 @click.option("--thermal-policy", type=click.Path(path_type=Path, dir_okay=False),
               help="Run the thermal controller with this policy file (TOML or YAML; see `edgeattn thermal tune`).")
 @click.option("--thermal-sensor", default="auto", show_default=True,
-              help="Sensor for the thermal controller: auto, sysfs, nvml or replay:TRACE.csv.")
+              help="Sensor for the thermal controller: auto, sysfs, nvml or replay:TRACE.csv (auto beside a cuda "
+                   "bundle: NVML for its GPU, or sysfs zones on a Jetson).")
 @click.option("--max-window", type=int, help="Window the policy's levels are fractions of "
               "[default: the largest sequence length the bundles accept].")
 @click.option("--admin-token", default=None, metavar="TOKEN",
@@ -167,8 +166,9 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
 
         if not (max_window or longest):
             raise click.BadParameter("the bundles have no sequence range: give --max-window", param_hint="--max-window")
-        controller = thermal_controller(live, policy=thermal_policy, sensor=thermal_sensor,
-                                        max_window=max_window or longest, gpu=_sensor_gpu(opened, thermal_sensor))
+        sensor, gpu = _thermal_source(opened, thermal_sensor)
+        controller = thermal_controller(live, policy=thermal_policy, sensor=sensor, max_window=max_window or longest,
+                                        gpu=gpu)
     app = create_app(opened, settings, names=[name] if name else None, window=live, controller=controller)
     models = ", ".join(f"{n} ({b.manifest.backend})" for n, b in
                        zip([name] if name else [b.manifest.name for b in opened], opened))
