@@ -28,7 +28,8 @@ from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, prefill_tile
 ARCHS = {"sm_87": 87, "sm_90": 90, "sm_110": 110}
 DTYPES = {"fp16": "*fp16", "bf16": "*bf16"}
 KINDS = ("prefill", "decode_split", "decode_reduce", "ring_decode_split",  # ring: the cuda target's decode
-         "ring_fp8_decode_split")  # the same over an FP8 E4M3 cache (ring_fp8.py): sm_89 and later
+         "ring_fp8_decode_split",  # the same over an FP8 E4M3 cache (ring_fp8.py): sm_89 and later
+         "budget_select", "budget_decode_split", "page_bounds")  # the attention budget (budget_decode.py, budget_bounds.py)
 FP8_KINDS = ("ring_fp8_decode_split",)
 FP8_MIN_SM = 89  # FP8 conversions in hardware: Ada, Hopper, Thor; not Orin (sm_87)
 FUSED_KINDS = ("fused_embed_qkv_rope", "fused_qkv_rope", "fused_linear_residual", "fused_gate_up", "fused_lm_head",
@@ -40,6 +41,7 @@ FUSED_DEFAULTS = (("fused_embed_qkv_rope", 64, 576), ("fused_qkv_rope", 64, 576)
                   ("fused_argmax", 64, 49152))
 DECODE_BLOCK_M = 16  # AOT decode variants serve GROUP * S_q <= 16 rows per kv head
 DECODE_SPLITS = 16  # programs per kv head in the AOT decode grid (a power of two)
+BUDGET_PAGE, BUDGET_K_MAX, BUDGET_PAGES = 16, 64, 512  # AOT budget variants: pages of 16 rows, k <= 64, rings <= 8,192
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ def default_variants() -> list[KernelVariant]:
             out += [KernelVariant("decode_split", dtype, d), KernelVariant("decode_reduce", dtype, d)]
             out.append(KernelVariant("ring_decode_split", dtype, d))  # with decode_reduce: the cuda target's decode
             out.append(KernelVariant("ring_fp8_decode_split", dtype, d))  # the FP8 cache's (not for sm_87)
+            out += [KernelVariant(kind, dtype, d) for kind in ("budget_select", "budget_decode_split", "page_bounds")]
         out += [KernelVariant(kind, dtype, d, features=k) for kind, d, k in FUSED_DEFAULTS]
     return out
 
@@ -170,12 +173,32 @@ def _kernel_and_constexprs(variant: KernelVariant, arch: int):
         block_n, warps, stages = ring_fp8.FP8_TILE
         const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, BLOCK_N=block_n, SPLITS=DECODE_SPLITS)
         return ring_fp8._ring_fp8_split_kernel, const, warps, stages, f"({DECODE_SPLITS}, B * H_kv, 1)"
+    if variant.kind in ("budget_select", "budget_decode_split", "page_bounds"):
+        return _budget_kernel(variant)
     if variant.kind in FUSED_KINDS:
         from edgeattn.plugins.kernels import fused_decode
 
         return fused_decode.aot_kernel(variant.kind, DTYPES[variant.dtype], variant.head_dim, variant.features)[:5]
     const = dict(HEAD_DIM=variant.head_dim, BLOCK_M=DECODE_BLOCK_M, SPLITS=DECODE_SPLITS)
     return decode._windowed_decode_reduce_kernel, const, 4, 1, "(B * H_kv, GROUP * S_q, 1)"
+
+
+def _budget_kernel(variant: KernelVariant):
+    """The attention budget's kernels: selection (one program per stream and kv head), the block-sparse split
+    (then decode_reduce, as the ring decode), and the row + page bounds write (one program per stream and kv head)."""
+    from edgeattn.plugins.kernels import budget_bounds, budget_decode
+
+    d = variant.head_dim
+    if variant.kind == "budget_select":
+        const = dict(HEAD_DIM=d, PAGE=BUDGET_PAGE, BLOCK_M=DECODE_BLOCK_M, BLOCK_P=128, P_POW2=BUDGET_PAGES,
+                     K_TOP=BUDGET_K_MAX, K_MAX=BUDGET_K_MAX, HAS_TOPK=budget_decode.HAS_TOPK)
+        return budget_decode._budget_select_kernel, const, 4, 1, "(B * H_kv, 1, 1)"
+    if variant.kind == "budget_decode_split":
+        const = dict(HEAD_DIM=d, BLOCK_M=DECODE_BLOCK_M, BLOCK_N=DECODE_BLOCK_N, PAGE=BUDGET_PAGE,
+                     K_MAX=BUDGET_K_MAX, SPLITS=DECODE_SPLITS)
+        return budget_decode._budget_decode_split_kernel, const, 4, 2, f"({DECODE_SPLITS}, B * H_kv, 1)"
+    const = dict(HEAD_DIM=d, PAGE=BUDGET_PAGE, WRITE=True)
+    return budget_bounds._page_bounds_kernel, const, 1, 1, "(1, B * H_kv, 1)"
 
 
 def _fused_types(variant: KernelVariant) -> dict:
@@ -225,10 +248,12 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
             signature[name] = "*fp8e4nv"
         elif name in ("KS", "VS"):
             signature[name] = "*fp32"
-        elif name in ("Q", "QS", "K", "V", "Out"):
+        elif name in ("Q", "QS", "K", "V", "Out", "KN", "VN", "Bounds"):
             signature[name] = DTYPES[variant.dtype]
-        elif name in ("Window", "Pos"):
+        elif name in ("Window", "Pos", "Pages"):
             signature[name] = "*i64"
+        elif name == "Sel":
+            signature[name] = "*i32"
         elif name == "Mask":
             signature[name] = "*i8"
         elif name.startswith("Part"):
