@@ -2,7 +2,8 @@
 64, context 8,192 (and 1,024 at batch 1), windows full / 1024 / 256, per compile mode; Hugging Face `generate`
 with a static cache and the earlier TorchDecoderModel in the same run (generation_h200.decode_speed).
 
-    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused] [--parts ...] [--smoke]
+    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused] [--parts ...]
+        [--smoke]
 
 `--parts fused` checks the fused step (hand-written Triton kernels) against the eager step on the 30-layer shape:
 logits and greedy tokens over 64 steps, a wrapping ring at a window below the ring, batch 4 with staggered streams.

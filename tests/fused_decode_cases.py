@@ -78,7 +78,8 @@ def head_case(model_type: str, tiles: str) -> dict:
         out[f"{name}:v_row"] = rel(values[layer][streams, :, rows], v_ref)
         written = torch.zeros(keys[layer].shape[:3], dtype=torch.bool)
         written[streams, :, rows] = True
-        out[f"{name}:other_rows_untouched"] = float(keys[layer][~written].abs().max() + values[layer][~written].abs().max())
+        untouched = keys[layer][~written].abs().max() + values[layer][~written].abs().max()
+        out[f"{name}:other_rows_untouched"] = float(untouched)
         if from_ids:
             out[f"{name}:h_from_ids"] = rel(h, h0)
     return out

@@ -53,6 +53,25 @@ def test_the_fused_step_matches_decode_logits_through_a_wrapping_ring(errors):
     assert all(v == 0 for k, v in steps.items() if k.endswith("wrong")), steps
 
 
+@needs_stack
+def test_auto_takes_the_fused_step_for_small_batches_only():
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from edgeattn.runtime.cuda.decode_step import FUSED_MAX_BATCH, DecodeGraph, PackedDecoder
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    weights = PackedDecoder.from_hf(transformers.LlamaForCausalLM(config).eval(), sinks=2, window_max=8)
+    keys, values = weights.new_cache(FUSED_MAX_BATCH + 1)
+    small = DecodeGraph(weights, keys, values, batch=FUSED_MAX_BATCH, compile="auto")
+    large = DecodeGraph(weights, keys, values, batch=FUSED_MAX_BATCH + 1, compile="auto")
+    assert (small.compile, large.compile) == ("fused", "linked")
+    with pytest.raises(ValueError, match="compile: expected one of"):
+        DecodeGraph(weights, keys, values, batch=1, compile="fast")
+    assert torch.is_tensor(small.window)
+
+
 @pytest.mark.gpu
 @needs_stack
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -15,12 +15,18 @@ and once a step `_lm_head_kernel` (the final norm + the LM head, writing logits 
 greedy decoding, `_argmax_kernel` (the argmax of those block maxima): about 5 launches a layer. The live window is
 read from its device tensor by the kernels, so a CUDA graph of the step needs no new capture when it changes.
 
-Each product is a tile of `BLOCK_B` streams x `BLOCK_N` output rows, reduced over the input in `BLOCK_K` steps
-with tl.dot (so batch 1 pads the streams to 16 rows, which costs nothing on a step bound by reading the weights,
-and batch 64 runs the same code as a small matrix product). Tiles per batch bucket are in `fused_tiles`: measured
-on the H200 (benchmarks/cuda_step_h200.py). Numerics: products accumulate in float32; each product's output is
-rounded to the model's dtype where the eager step (runtime/cuda/decode_step.py) rounds it, so bf16 steps agree
-with it token for token in practice. Reads top to bottom: shared device functions, the kernels, the launches.
+Per batch bucket (FUSED_TILES, measured on the H200 with benchmarks/cuda_step_h200.py):
+- up to 4 streams: one stream a program (GEMV), elementwise products over a fully unrolled reduction (the sizes are
+  compile-time constants), so every weight load of a program is in flight at once; a step this small waits on
+  memory latency and launches, not arithmetic. SmolLM2-135M, context 8,192: 0.89-0.97 ms a token against 1.16-1.24
+  for torch.compile + cuBLAS ("linked").
+- above: tl.dot tiles of 16-64 streams. At batch 64 they lost to cuBLAS (2.23 ms against 1.87 at W=1024), so the
+  decode step's "auto" mode keeps "linked" there (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
+Numerics: products accumulate in float32; each product's output is rounded to the model's dtype where the eager
+step (runtime/cuda/decode_step.py) rounds it; bf16 steps still round differently in places (the rotation and the
+norms run in float32 here), so greedy tokens agree with the eager step except at near-ties (61-64 of 64 steps on the
+30-layer shape with random weights). Reads top to bottom: shared device functions, the kernels, the launches,
+the ahead-of-time specs.
 """
 
 from __future__ import annotations
@@ -299,8 +305,9 @@ class FusedTiles:
 # batch 1 went from 1.02 ms to 0.93 with 8 rows a program in the hidden-sized products (more programs, more loads
 # in flight), to 0.93 with 128-wide reduction steps, 0.95 with both, then 0.90 with 4 rows; 8 gate/up rows (0.99),
 # 4 rotation pairs (0.95) and 128 vocabulary rows (0.97) did not help, 2 warps lost (1.41). Batch 64: 8 warps
-# 2.20 ms against 4 warps 2.52; 32-wide steps lost (2.85); other row counts within 1%. At batch 64 torch.compile + cuBLAS ("linked", 1.87 ms) still wins: DecodeGraph's
-# "auto" mode takes the fused step only where it measured faster (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
+# 2.20 ms against 4 warps 2.52; 32-wide steps lost (2.85); other row counts within 1%. At batch 64 torch.compile +
+# cuBLAS ("linked", 1.87 ms) still wins: DecodeGraph's "auto" mode takes the fused step only where it measured
+# faster (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
 FUSED_TILES: tuple[tuple[int, FusedTiles], ...] = (
     (4, FusedTiles(gemv=True, block_b=1, block_n_hidden=4, block_n_inter=16, block_n_vocab=64, block_k=128,
                    pairs=8)),
@@ -435,4 +442,5 @@ def aot_kernel(kind: str, dtype: str, head_dim: int, features: int):
     return fn, const, tiles.warps, 3, grid, types
 
 
-__all__ = ["AOT_KINDS", "FUSED_TILES", "FusedTiles", "fused_tiles", "gate_up", "linear_residual", "lm_head", "qkv_rope", "aot_kernel"]
+__all__ = ["AOT_KINDS", "FUSED_TILES", "FusedTiles", "aot_kernel", "fused_tiles", "gate_up", "linear_residual",
+           "lm_head", "qkv_rope"]

@@ -9,7 +9,9 @@ Per layer the step runs RMSNorm, one matrix product for Q, K and V (packed), the
 min(t, sinks + W) for the sink rows, edgeattn.attention.ring), `torch.ops.edgeattn.ring_decode` (writes the
 new row, then the split-K Triton kernel reads the sinks and the last W ring rows), the output projection, and
 the MLP with gate and up packed in one product. With `compiled=True` the pointwise work around the products is
-fused by torch.compile (the ring op is opaque to it and keeps its cache writes in place). The live window is a
+fused by torch.compile (the ring op is opaque to it and keeps its cache writes in place). `compile="fused"` runs
+the same step in hand-written Triton kernels instead (edgeattn.plugins.kernels.fused_decode, about 5 launches a
+layer), faster up to a few streams; `compile="auto"` takes it there and "linked" above. The live window is a
 device scalar: changing it needs no new capture while the split count stays.
 """
 
@@ -268,6 +270,9 @@ def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits:
     s, t, b = w.shape, w.t, ids.shape[0]
     ids, positions = ids.contiguous(), positions.contiguous()  # the kernels index them as [B]
     tiles = fk.fused_tiles(b)
+    if not tiles.gemv and s.head_dim < 32:  # tl.dot tiles hold half a head, and want >= 16 rows
+        raise ModelError(f"fused decode step: expected a head_dim >= 32 for a batch above {FUSED_MAX_BATCH}, "
+                         f"found {s.head_dim}")
     new = lambda *size: torch.empty(size, dtype=w.dtype, device=ids.device)  # noqa: E731
     h, act = new(b, s.hidden), new(b, s.intermediate)  # h: the residual stream [B, hidden]
     q, q_s = new(b, s.heads, s.head_dim), new(b, s.heads, s.head_dim)  # q, q_s: [B, H, D]
