@@ -356,3 +356,14 @@ def test_export_triton_gives_a_cuda_bundle_gpu_instances_that_open_on_their_gpu(
     assert module.instance_device({"model_instance_kind": "CPU"}) == "cuda"
     result = runner.invoke(cli, ["export-triton", str(bundle.path), "--repo", str(tmp_path / "r2"), "--gpus", "a"])
     assert result.exit_code == 2 and "expected GPU indices" in result.output
+
+
+def test_export_triton_gpus_is_refused_for_cpu_instances(tmp_path, tiny_onnx):
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.errors import InputError
+    from edgeattn.tritonserver.repository import TritonConfig, export_triton
+
+    cpu = build(tiny_onnx, BuildConfig(target="cpu", out=tmp_path / "tiny.edgeattn"))
+    with pytest.raises(InputError, match=r"--gpus is for models whose instances run on GPUs.*\(KIND_CPU\)"):
+        export_triton(cpu.path, tmp_path / "repo", TritonConfig(gpus=(0,), cpu_backend="python"))
+    assert not (tmp_path / "repo").exists()

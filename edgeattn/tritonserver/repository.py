@@ -260,8 +260,9 @@ def export_triton(bundle_path: str | Path, repo: str | Path, cfg: TritonConfig =
     if cfg.python_path and not kind.startswith("python"):
         raise InputError(f"--python-path is for Python-backend models (rtx, decoder, or cpu with --cpu-backend "
                          f"python), found a {m.backend} bundle served by {kind}")
-    if cfg.gpus and m.backend == "onnxruntime" and kind != "python_decoder":
-        raise InputError(f"--gpus is for models whose instances run on GPUs, found a {m.backend} bundle (KIND_CPU)")
+    if cfg.gpus and m.backend == "onnxruntime":
+        raise InputError(f"--gpus is for models whose instances run on GPUs, found a {m.backend} bundle, whose "
+                         f"instances run on the CPU (KIND_CPU)")
     name = check_model_name(cfg.model_name or m.name, "model name")  # never a path: it is a folder in REPO
     repo = Path(repo)
     launch = repo / "launch.sh"
