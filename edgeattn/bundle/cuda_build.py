@@ -166,7 +166,8 @@ def _report(m: Manifest) -> str:
     d = m.sections["decoder"]
     return "\n".join([
         f"# {m.name} (cuda)", "",
-        f"- precision: {m.precision['float']} (linear layers, attention and the KV cache)",
+        f"- precision: {m.precision['float']} (linear layers, attention and the KV cache)"
+        if m.precision["float"] != "fp8" else "- precision: fp8 weights in the linear layers (bf16 elsewhere; below)",
         f"- cache: {d['sinks']} sinks + a ring of {d['window_max']} rows, "
         f"{d['cache_bytes_per_stream'] / 2**20:.1f} MiB a stream; weights {d['weights_bytes'] / 2**20:.1f} MiB",
         f"- ahead-of-time kernels: {', '.join(m.sections['kernels']['archs']) or 'none (compiled at first use)'}",

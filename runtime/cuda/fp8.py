@@ -2,7 +2,7 @@
 output row at build, activations per token at run time, one `torch._scaled_mm` with both scale vectors.
 
     tensors = quantize_state_dict(packed.state_dict(), layers)   # build: wqkv.0 -> fp8 + wqkv.0.scale (fp32)
-    tensors = fp8_weights(tensors)                                # open: wqkv.0 -> (w8, scale [1, N], bf16 copy or None)
+    tensors = fp8_weights(tensors)                                # open: wqkv.0 -> (w8, scale [1, N], bf16 or None)
     y = linear(x, tensors["wqkv.0"])                              # fp8 or bf16, chosen per shape and token count
 
 A weight row's scale is amax / 448 (E4M3's largest finite value); a scale that is not finite or is zero stops

@@ -74,7 +74,8 @@ def report_lines(precision: dict) -> list[str]:
                 lines.append(f"  - {name} [{m['k']} x {m['n']}]: {chosen}")
                 continue
             fp8_at = [k for k, v in chosen.items() if v == "fp8"]
-            lines.append(f"  - {name} [{m['k']} x {m['n']}]: fp8 at {', '.join(fp8_at) or 'no'} tokens")
+            lines.append(f"  - {name} [{m['k']} x {m['n']}]: " + (f"fp8 from {fp8_at[0]} tokens ({', '.join(fp8_at)})"
+                         if fp8_at else "bf16 at every token count (FP8 does not pay at this size)"))
     if precision.get("kv_cache") == "fp8":
         lines.append(f"- KV cache: fp8 (E4M3, one scale per layer and kv head, calibrated with a margin of "
                      f"{fp8_cache.MARGIN:g}x over the amax)")

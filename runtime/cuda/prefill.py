@@ -116,13 +116,13 @@ def prefill_batch(w: PackedDecoder, ids, lengths, starts, window: int, keys, val
                                                      enable_gqa=True)
             elif kind == "later":
                 members, span, mask = extra["later"]
-                out = F.scaled_dot_product_attention(g.pad(q), _heads(_read(kc[members, :, :span], ks, q.dtype), s),
-                                                     _heads(_read(vc[members, :, :span], vs, q.dtype), s), attn_mask=mask,
-                                                     scale=s.scale)
+                past_k = _heads(_read(kc[members, :, :span], ks, q.dtype), s)
+                past_v = _heads(_read(vc[members, :, :span], vs, q.dtype), s)
+                out = F.scaled_dot_product_attention(g.pad(q), past_k, past_v, attn_mask=mask, scale=s.scale)
             else:
                 members, cache_position, wt = extra["ring"]
-                out = cached_windowed_attention(g.pad(q), g.pad(q_s), g.pad(k), g.pad(v), _read(kc[members], ks, q.dtype),
-                                                _read(vc[members], vs, q.dtype),
+                past_k, past_v = _read(kc[members], ks, q.dtype), _read(vc[members], vs, q.dtype)
+                out = cached_windowed_attention(g.pad(q), g.pad(q_s), g.pad(k), g.pad(v), past_k, past_v,
                                                 cache_position, wt, sinks=s.sinks, scale=s.scale)
             g.unpad_into(o, out)
         _write(kc, vc, k, v, after, ks, vs)
