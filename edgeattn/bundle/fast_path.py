@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edgeattn.attention.ring import RingLayout
-from edgeattn.decoder.metadata import LOGITS_TO_KEEP, past_names, present_names
+from edgeattn.decoder.metadata import LOGITS_TO_KEEP, PAGES_INPUT, bounds_names, past_names, present_names
 from edgeattn.passes import PassContext, PassResult
 from edgeattn.passes.plans import BuildPlan
 from edgeattn.runtime.generation.cache import KVCache
@@ -93,9 +93,10 @@ def compare_fast_path(ring, fast_path_model: Path, decoder: dict) -> dict:
     position 0 then one token, both from empty caches, every position's logits. The fast path runs as the
     runtime runs it (runtime/generation/fast_path.py: its present outputs bound to the cache's memory)."""
     layers = int(decoder["layers"])
-    layout = RingLayout(int(decoder["sinks"]), 16)
+    page = int(decoder.get("page") or 0)  # the attention budget's bounds: the ring model reads them (pages 0)
+    layout = RingLayout(int(decoder["sinks"]), page * -(-16 // page) if page else 16)
     geometry = dict(layers=layers, kv_heads=int(decoder["kv_heads"]), head_dim=int(decoder["head_dim"]),
-                    layout=layout)
+                    layout=layout, page=page)
     ring_cache, fast_cache = KVCache(**geometry), KVCache(**geometry)
     fast = FastPath(fast_path_model, threads=0, past=past_names(layers), present=present_names(layers))
     rng = np.random.default_rng(0)
@@ -105,6 +106,9 @@ def compare_fast_path(ring, fast_path_model: Path, decoder: dict) -> dict:
         feeds = {"input_ids": ids, "cache_position": ring_cache.positions.copy(),
                  "attention_window": np.array(0, np.int64), LOGITS_TO_KEEP: np.array(0, np.int64),
                  **dict(zip(past_names(layers), ring_cache.past(slice(0, 1))))}
+        if page:
+            feeds.update({PAGES_INPUT: np.array(0, np.int64),
+                          **dict(zip(bounds_names(layers), ring_cache.past_bounds(slice(0, 1))))})
         outs = ring.infer(feeds)
         ring_cache.write([outs[n] for n in present_names(layers)], [0])
         want = outs["logits"]
