@@ -33,7 +33,8 @@ COMMANDS: dict[str, str] = {
     "quantize": "QAT to INT8 / INT4 / FP8 with distillation, exported as Q/DQ ONNX.",
     "distill-text": "Write distillation text sampled from a language model (for sparsify / quantize --calib).",
     "generate": "Generate text from a decoder bundle (sinks + ring KV cache).",
-    "eval": "Fidelity of a quantized ONNX against the float model and against PTQ.",
+    "eval": "Fidelity of a quantized ONNX (--model, --onnx), or long-context accuracy of a decoder bundle (--task).",
+    "eval-table": "Long-context accuracy of a decoder bundle over tasks x contexts x attention settings, with a plot.",
     "pipeline": "Run a deployment recipe (export .. build .. export-triton), resumably.",
 }
 
