@@ -9,6 +9,10 @@ bounds. k is a device scalar like the window: a graph captured for K_MAX (the ne
 every k up to it. Steps with k = 0 on a cache that holds bounds replay today's step unchanged (`BoundsGraph`)
 and then refresh the written pages' bounds, so a budget asked for later finds them right. Prefill chunks with
 k > 0 run the op's PyTorch form (edgeattn.attention.cached_torch) eagerly, layer by layer.
+
+Known limit: as in the window's step, rows n..bucket-1 of a bucket run along and write the row their stream
+would write next. For a stream that is still prefilling past the ring, that row held its position t - window_max,
+which the window never reads but a later chunk's chosen page may: that one row then reads as the padding token's.
 """
 
 from __future__ import annotations
