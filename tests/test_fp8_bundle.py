@@ -125,3 +125,29 @@ def test_a_bf16_bundle_opens_with_an_fp8_cache_calibrated_then(tmp_path):
     b = dec.step(dec.new_cache(1), [0], [ids], 0)[0]
     cos = (a * b).sum(-1) / (((a ** 2).sum(-1) * (b ** 2).sum(-1)) ** 0.5)
     assert float(cos.min()) > 0.98
+
+
+def test_the_build_asks_for_both_ring_kernels(tmp_path, monkeypatch):
+    """The ahead-of-time kernels of a cuda bundle: the ring decode kernel (its variant name ends in -causal), the
+    reduce kernel and, with an FP8 cache, the FP8 ring kernel."""
+    import fnmatch
+
+    from decoder_fixtures import tiny_llama
+    from edgeattn.bundle.cuda_build import CudaBuildConfig, build_cuda
+    from edgeattn.plugins.kernels import aot
+
+    asked = []
+
+    def fake_compile_all(config):
+        asked.extend(config.only)
+        (config.out_dir).mkdir(parents=True)
+        return {"archs": list(config.archs), "kernels": []}
+
+    monkeypatch.setattr(aot, "compile_all", fake_compile_all)
+    model, tok = tiny_llama()
+    model.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    build_cuda(tmp_path / "hf", CudaBuildConfig(out=tmp_path / "b", precision="fp8", kv_cache="fp8", window_max=48,
+                                                archs=("sm_90",)))
+    for name in ("ring_decode_split-bf16-d16-causal", "decode_reduce-bf16-d16", "ring_fp8_decode_split-bf16-d16-causal"):
+        assert any(fnmatch.fnmatch(name, p) for p in asked), (name, asked)

@@ -126,7 +126,8 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
         if config.archs:
             dtype = "fp16" if config.precision == "fp16" else "bf16"
             progress(f"kernels for {', '.join(config.archs)}")
-            only = (f"ring_decode_split-{dtype}-d{packed.shape.head_dim}", f"decode_reduce-{dtype}-d{packed.shape.head_dim}")
+            only = (f"ring_decode_split-{dtype}-d{packed.shape.head_dim}*",  # the name ends in -causal
+                    f"decode_reduce-{dtype}-d{packed.shape.head_dim}")
             if fp8_cache:  # the FP8 cache's ring kernel (plugins/kernels/ring_fp8.py)
                 only += (f"ring_fp8_decode_split-{dtype}-d{packed.shape.head_dim}*",)
             kernels = compile_all(CompileConfig(out_dir=staging / KERNELS_DIR, archs=config.archs, only=only))
