@@ -42,12 +42,14 @@ def context_options(f):
 
 def setting_from(window: int | None, budget: int | None, recent: float):
     from edgeattn.errors import InputError
-    from edgeattn.evaluation.settings import AttentionSetting
+    from edgeattn.evaluation.settings import DEFAULT_RECENT, AttentionSetting
 
     if window is not None and budget is not None:
         raise InputError("expected at most one of --window and --budget, found both")
     if budget is not None:
         return AttentionSetting("budget", budget, recent)
+    if recent != DEFAULT_RECENT:
+        raise InputError("--budget-recent applies to --budget N, found no --budget")
     return AttentionSetting("window", window) if window else AttentionSetting()
 
 
