@@ -1,0 +1,42 @@
+"""`edgeattn eval BUNDLE --task --budget N` on a tiny decoder exported with retrieval pages (page 16): the run
+reads a window and pages, reports the rows, and a budget holding every row gives what full attention gives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_llama
+from edgeattn.cli.main import cli
+
+pytestmark = [requires_decoder_stack, pytest.mark.slow]  # one more tiny export and build (a minute or two)
+
+
+@pytest.fixture(scope="module")
+def paged_bundle(tmp_path_factory):
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+
+    model, tok = tiny_llama()
+    folder = tmp_path_factory.mktemp("paged_decoder")
+    onnx_path = export_decoder_model(model, tok, folder / "tiny_paged.onnx",
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=16))
+    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+
+
+def _eval(runner, path, out, *extra):
+    result = runner.invoke(cli, ["eval", str(path), "--task", "passkey", "--context", "200", "--samples", "2",
+                                 "--window-max", "256", "--json", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())
+
+
+def test_a_budget_runs_and_a_whole_budget_equals_full_attention(paged_bundle, runner, tmp_path):
+    _, full = _eval(runner, paged_bundle, tmp_path / "full.json")
+    result, whole = _eval(runner, paged_bundle, tmp_path / "whole.json", "--budget", "260")
+    assert "budget 260 (25% recent) (200 rows read of 200" in result.stdout
+    assert whole["setting"] == {"kind": "budget", "size": 260, "recent": 0.25} and whole["rows"] == 200
+    assert [s["text"] for s in whole["samples"]] == [s["text"] for s in full["samples"]]
+    _, small = _eval(runner, paged_bundle, tmp_path / "small.json", "--budget", "68", "--budget-recent", "0.5")
+    assert small["rows"] == 68 and small["label"] == "budget 68 (50% recent)" and small["count"] == 2
