@@ -110,7 +110,7 @@ def _budget_line(decoder, controller) -> str:
               "decode step (one KV-cache row each), or 'auto': cuda bundles as many as fit in the GPU's memory left "
               "after the weights and a reserve (at most 256), other decoder bundles 8 [default: auto].")
 @click.option("--prefill-chunk", type=int, help="Decoder bundles: prompt tokens per prefill step, interleaved "
-              "with the decode steps of the other requests [default: 16].")
+              "with the decode steps of the other requests [default: 16 on a CPU, 2048 on a GPU].")
 @click.option("--prefill-in-step", type=int, help="Decoder bundles: prompts of at most this many tokens are "
               "prefilled inside the decode steps, one token per step, instead of in chunks of their own "
               "(no latency spike for the other streams; a longer time to first token) [default: 0].")

@@ -83,6 +83,9 @@ class CudaCache(StreamPositions):
             self.settings[a] = sb
 
 
+PREFILL_CHUNK = 2048  # a pass of up to thousands of tokens costs about the same: few, long chunks
+
+
 class CudaDecoder:
     """A Llama-family decoder on one GPU. `compile`: the decode step's torch.compile mode (decode_step).
     `prefill_tokens`: prompt tokens the engine prefills a step, in one pass (on an H200 a pass for a 135M model
@@ -95,6 +98,7 @@ class CudaDecoder:
         if prefill_tokens < 1:
             raise ConfigError(f"prefill_tokens: expected >= 1, found {prefill_tokens}")
         self.prefill_tokens = int(prefill_tokens)
+        self.prefill_chunk = PREFILL_CHUNK  # a stream's chunk when the caller names none (backend.preferred_chunk)
         self.weights = weights
         self.info = dict(info or {})  # a bundle's decoder section (max_positions, sizes), as DecoderModel's
         self._memory_check = memory_check  # called with a cache's stream count before it is allocated

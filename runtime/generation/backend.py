@@ -102,3 +102,9 @@ class PrefillBackend(DecoderBackend, Protocol):
 class SamplingPrefillBackend(SamplingBackend, PrefillBackend, Protocol):
     def prefill_sample(self, cache: StreamPositions, streams: list[int], chunks: Sequence[np.ndarray], window: int,
                        sampling: Sequence[SamplingConfig]) -> np.ndarray: ...
+
+
+def preferred_chunk(model: DecoderBackend, default: int) -> int:
+    """Prompt tokens a prefill chunk takes when the caller names none: the backend's `prefill_chunk` if it has
+    one (a GPU backend, whose prefill pass costs about the same for thousands of tokens), else `default`."""
+    return int(getattr(model, "prefill_chunk", 0) or default)

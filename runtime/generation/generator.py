@@ -26,7 +26,7 @@ import numpy as np
 
 from edgeattn.attention.budget import DEFAULT_RECENT, AttentionBudget
 from edgeattn.errors import ConfigError, InputError
-from edgeattn.runtime.generation.backend import DecoderBackend
+from edgeattn.runtime.generation.backend import DecoderBackend, preferred_chunk
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Engine, live_budget, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
@@ -40,7 +40,7 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stop: tuple[str, ...] = ()
     window: int = 0  # 0 = the whole ring
-    prefill_chunk: int = 256
+    prefill_chunk: int = 0  # prompt tokens a prefill step; 0: the backend's own (256 on a CPU, 2,048 on CUDA)
     pin: int = 0  # prompt tokens kept from the head when the prompt is longer than the cache (at least the sinks)
     budget: int | None = None  # attention budget in rows (sinks + window + pages); None: the window alone
     budget_recent: float = DEFAULT_RECENT  # share of the budget's non-sink rows given to the recent window
@@ -50,8 +50,8 @@ class GenerationConfig:
             raise ConfigError(f"max_tokens: expected an integer >= 1, found {self.max_tokens!r}")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise ConfigError(f"stop: expected non-empty strings, found {self.stop!r}")
-        if self.prefill_chunk < 1 or self.pin < 0:
-            raise ConfigError(f"expected prefill_chunk >= 1 and pin >= 0, found {self.prefill_chunk} and {self.pin}")
+        if self.prefill_chunk < 0 or self.pin < 0:
+            raise ConfigError(f"expected prefill_chunk >= 0 and pin >= 0, found {self.prefill_chunk} and {self.pin}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ConfigError(f"window: expected an integer >= 0 (0 = the whole ring), found {self.window!r}")
         if self.budget is not None and self.window:
@@ -135,7 +135,7 @@ class Generator:
         res = result if result is not None else GenerationResult("", [], "length", 0, 0, [])
         res.prompt_tokens, res.evicted_prompt_tokens = job.prompt_tokens, job.evicted
         events: list = []
-        engine = Engine(model, slots=1, prefill_chunk=config.prefill_chunk, window=read, deliver=events.extend)
+        engine = Engine(model, slots=1, prefill_chunk=config.prefill_chunk or preferred_chunk(model, 256), window=read, deliver=events.extend)
         engine.add(job)
         while job.finish_reason is None:
             engine.step()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.cuda.bundle import is_cuda_bundle, slot_plan
+from edgeattn.runtime.generation.backend import preferred_chunk
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Event, Job, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
@@ -74,7 +75,8 @@ class DecoderRuntime:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # the worker's events, for the courier thread
         self._courier: threading.Thread | None = None
         self.scheduler = SlotScheduler(self.model, slots=self.slots, max_queue=settings.max_queue,
-                                       prefill_chunk=settings.prefill_chunk, window=window.budget,
+                                       prefill_chunk=settings.prefill_chunk or preferred_chunk(self.model, 16),
+                                       window=window.budget,
                                        deliver=self._deliver, metrics=metrics.generation, model_name=name,
                                        prefill_in_step=settings.prefill_in_step)
         g = metrics.generation

@@ -34,16 +34,16 @@ class ServeSettings:
     admin_token: str = field(default="", repr=False)  # if set, admin routes need "Authorization: Bearer TOKEN"
     slots: int = 0  # decoder bundles: requests generating at once (one KV-cache row each), batched every step;
     # 0 ("auto"): cuda bundles as many as fit in the GPU's memory (runtime/cuda/memory.py), others DEFAULT_SLOTS
-    prefill_chunk: int = 16  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps;
-    # 16: such a step costs about one full decode step on a CPU, docs/serving.md "Where the time goes")
+    prefill_chunk: int = 0  # decoder bundles: prompt tokens per prefill step (interleaved with decode steps);
+    # 0: the backend's own (16 on a CPU, where such a step costs about one full decode step, docs/serving.md
+    # "Where the time goes"; 2,048 on CUDA, where a prefill pass costs about the same up to thousands of tokens)
     prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
     window_max: int = 0  # decoder bundles: ring rows per slot (0: the bundle's window_max)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port: expected 0..65535, found {self.port}")
-        for name in ("max_batch", "max_queue", "max_body_bytes", "prefill_chunk",
-                     "max_generate_body_bytes", "max_stop_chars"):
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_generate_body_bytes", "max_stop_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, found {getattr(self, name)}")
         for name in ("body_timeout_s", "header_timeout_s"):
@@ -52,7 +52,8 @@ class ServeSettings:
         for name in ("max_queue_delay_ms", "shutdown_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
-        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max", "max_stops", "slots"):
+        for name in ("threads", "window", "warmup_runs", "prefill_in_step", "window_max", "max_stops", "slots",
+                     "prefill_chunk"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
 
