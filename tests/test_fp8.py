@@ -259,3 +259,12 @@ def test_the_fused_mode_falls_back_to_the_eager_pieces_for_fp8():
     want, _, _ = steps(weights, tokens)
     got, _, _ = steps(weights, tokens, decode_fused)
     assert torch.equal(got, want)
+
+
+def test_auto_takes_the_linked_pieces_for_fp8():
+    weights = PackedDecoder.from_hf(tiny(), sinks=2, window_max=16)
+    both = fp8_decoder(weights, [list(range(20))])
+    keys, values = both.new_cache(2)
+    assert DecodeGraph(both, keys, values, batch=2, compile="auto").compile == "linked"
+    keys, values = weights.new_cache(2)
+    assert DecodeGraph(weights, keys, values, batch=2, compile="auto").compile == "fused"

@@ -320,8 +320,9 @@ class DecodeGraph:
         self.window = torch.zeros((), dtype=torch.int64, device=dev)
         if compile not in COMPILE_MODES:
             raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
-        if compile == "auto":
-            compile = "fused" if batch <= FUSED_MAX_BATCH else "linked"
+        if compile == "auto":  # the fused kernels read bf16: FP8 weights or an FP8 cache take the linked pieces
+            fp8 = "kv_scale" in weights.t or isinstance(weights.t["wqkv"][0], tuple)
+            compile = "fused" if batch <= FUSED_MAX_BATCH and not fp8 else "linked"
         self.compile = compile
         fn = decode_greedy if greedy else decode_logits
         self.sampling = sampling  # DeviceSampling for `batch` rows: the graph samples (greedy rows included)
