@@ -272,11 +272,11 @@ def kernel(res: dict) -> None:
 # --- model ---------------------------------------------------------------------------------------------------
 def variants(tensors, build, calibration, **shape):
     """name -> PackedDecoder: bf16, FP8 weights, FP8 cache, both (the cache scales calibrated once, on bf16)."""
-    from edgeattn.runtime.cuda import fp8, fp8_cache
+    from edgeattn.runtime.cuda import fp8, fp8_build
 
     layers = build(tensors, **shape).shape.layers
     w8 = fp8.fp8_weights(fp8.quantize_state_dict(tensors, layers))
-    scales = fp8_cache.calibrate(build(tensors, **shape), calibration)
+    scales = fp8_build.calibrate(build(tensors, **shape), calibration)
     return {"bf16": build(tensors, **shape), "fp8_weights": build(w8, **shape),
             "fp8_cache": build({**tensors, "kv_scale": scales}, **shape),
             "fp8_both": build({**w8, "kv_scale": scales}, **shape)}, scales

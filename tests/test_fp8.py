@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from edgeattn.errors import BuildError, TargetError  # noqa: E402
-from edgeattn.runtime.cuda import fp8, fp8_cache  # noqa: E402
+from edgeattn.runtime.cuda import fp8, fp8_build, fp8_cache  # noqa: E402
 from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder, decode_linked, decode_logits  # noqa: E402
 from edgeattn.runtime.cuda.prefill import prefill_logits  # noqa: E402
 
@@ -113,7 +113,7 @@ def fp8_decoder(weights, prompts, *, cache=True, linear=True):
     if linear:
         tensors = fp8.fp8_weights(fp8.quantize_state_dict(tensors, weights.shape.layers))
     if cache:
-        tensors["kv_scale"] = fp8_cache.calibrate(weights, prompts)
+        tensors["kv_scale"] = fp8_build.calibrate(weights, prompts)
     return PackedDecoder.from_state_dict(weights.shape, tensors, weights.rope_scaling)
 
 
@@ -166,7 +166,7 @@ def test_prefill_writes_the_same_fp8_rows_the_steps_write():
 def test_calibration_refuses_zero_scales():
     weights = PackedDecoder.from_hf(tiny(), sinks=2, window_max=16)
     with pytest.raises(BuildError, match="no prompt"):
-        fp8_cache.calibrate(weights, [])
+        fp8_build.calibrate(weights, [])
 
 
 # --- the kernel ----------------------------------------------------------------------------------------------

@@ -10,7 +10,13 @@ zero) is a BuildError before anything is written.
 
 from __future__ import annotations
 
+from edgeattn.errors import BuildError
+from edgeattn.optional import require
 from edgeattn.runtime.cuda import fp8, fp8_cache
+from edgeattn.runtime.cuda.prefill import prefill_logits
+
+torch = require("torch", "FP8 on the cuda target")
+CALIBRATION_TOKENS = 512  # per prompt, at most
 
 CALIBRATION_TEXT = (
     "The city council met on Tuesday evening to discuss the new budget. After three hours of debate, members "
@@ -34,12 +40,40 @@ def calibration_prompts(encode) -> list[list[int]]:
     return [list(encode(text)) for text in CALIBRATION_TEXT]
 
 
+def calibrate(weights, prompts, *, margin: float = fp8_cache.MARGIN):
+    """Per-layer, per-kv-head scales [layers, 2, H_kv] fp32 from the rows the prompts (lists of token ids)
+    write into a cache in the weights' float type."""
+    s = weights.shape
+    if "kv_scale" in weights.t:
+        raise BuildError("fp8 cache calibration: expected weights with a float cache, found an FP8 one already")
+    amax = torch.zeros(s.layers, 2, s.kv_heads, dtype=torch.float32, device=weights.device)
+    for ids in prompts:
+        ids = list(ids)[:min(CALIBRATION_TOKENS, s.window_max)]
+        if not ids:
+            continue
+        keys, values = weights.new_cache(1)
+        with torch.no_grad():
+            prefill_logits(weights, torch.tensor(ids, device=weights.device), 0, 0, keys, values, 0)
+        n = min(len(ids), s.capacity)
+        for i in range(s.layers):
+            for j, cache in enumerate((keys[i], values[i])):
+                amax[i, j] = torch.maximum(amax[i, j], cache[0, :, :n].float().abs().amax(dim=(-1, -2)))
+    scales = amax * margin / fp8_cache.E4M3_MAX
+    bad = ~torch.isfinite(scales) | (scales <= 0)
+    if bool(bad.any()):
+        layer, which, head = (int(v) for v in bad.nonzero()[0])
+        raise BuildError(f"fp8 cache calibration: expected a finite, nonzero amax for every layer and kv head, "
+                         f"found {float(amax[layer, which, head])} for the {('keys', 'values')[which]} of layer "
+                         f"{layer}, kv head {head} (no prompt, or a layer that writes zeros); nothing written")
+    return scales
+
+
 def fp8_tensors(packed, tensors: dict, *, weights: bool, cache: bool, encode) -> dict:
     """A packed state dict with the FP8 parts: `kv_scale` (cache) calibrated on the float weights first, then
     the per-layer matrices in FP8 (weights). Sets the packed decoder's cache scales (its cache size follows)."""
     out = dict(tensors)
     if cache:
-        out["kv_scale"] = fp8_cache.calibrate(packed, calibration_prompts(encode))
+        out["kv_scale"] = calibrate(packed, calibration_prompts(encode))
         packed.t["kv_scale"] = out["kv_scale"]
     if weights:
         out = fp8.quantize_state_dict(out, packed.shape.layers)
@@ -88,9 +122,9 @@ def open_fp8(tensors: dict, manifest_precision: dict, *, kv_cache: str | None, e
     The GPU's FP8 support is checked before (bundle.py)."""
     out = fp8.fp8_weights(tensors) if any(k.endswith(".scale") for k in tensors) else dict(tensors)
     if kv_cache == "fp8" and "kv_scale" not in out:
-        out["kv_scale"] = fp8_cache.calibrate(build(out), calibration_prompts(encode))
+        out["kv_scale"] = calibrate(build(out), calibration_prompts(encode))
     return out
 
 
-__all__ = ["CALIBRATION_TEXT", "calibration_prompts", "fp8_tensors", "open_fp8", "precision_section",
+__all__ = ["CALIBRATION_TEXT", "calibrate", "calibration_prompts", "fp8_tensors", "open_fp8", "precision_section",
            "report_lines"]

@@ -7,8 +7,8 @@ a bf16 bundle is opened with an FP8 cache), from a few prompts run through the d
 / 448 per layer and kv head, the margin leaving room for rows larger than the calibration saw (a larger one
 saturates at +-448 * scale rather than overflowing).
 
-    scales = calibrate(weights, prompts)        # [layers, 2, H_kv] fp32: keys [:, 0], values [:, 1]
-    weights.t["kv_scale"] = scales              # the decode step and prefill then read and write FP8 rows
+    scales = fp8_build.calibrate(weights, prompts)   # [layers, 2, H_kv] fp32: keys [:, 0], values [:, 1]
+    weights.t["kv_scale"] = scales                   # the decode step and prefill then read and write FP8 rows
 
 Everything that writes the cache goes through `store` (decode step, prefill) and everything that reads it
 through the FP8 ring kernel (plugins/kernels/ring_fp8.py) or `load`.
@@ -16,14 +16,12 @@ through the FP8 ring kernel (plugins/kernels/ring_fp8.py) or `load`.
 
 from __future__ import annotations
 
-from edgeattn.errors import BuildError
 from edgeattn.optional import require
 
 torch = require("torch", "the FP8 KV cache")
 
 E4M3_MAX = 448.0
-MARGIN = 2.0  # headroom over the calibration's amax
-CALIBRATION_TOKENS = 512  # per prompt, at most
+MARGIN = 2.0  # headroom over the calibration's amax (fp8_build.calibrate)
 
 
 def quantize(x, scale):
@@ -64,34 +62,4 @@ def attend(q, q_s, k_cache, v_cache, k_scale, v_scale, positions, window, sinks:
                                               scale, splits)
 
 
-def calibrate(weights, prompts, *, margin: float = MARGIN):
-    """Per-layer, per-kv-head scales [layers, 2, H_kv] fp32 from the rows the prompts (lists of token ids)
-    write into a cache in the weights' float type."""
-    from edgeattn.runtime.cuda.prefill import prefill_logits
-
-    s = weights.shape
-    if "kv_scale" in weights.t:
-        raise BuildError("fp8 cache calibration: expected weights with a float cache, found an FP8 one already")
-    amax = torch.zeros(s.layers, 2, s.kv_heads, dtype=torch.float32, device=weights.device)
-    for ids in prompts:
-        ids = list(ids)[:min(CALIBRATION_TOKENS, s.window_max)]
-        if not ids:
-            continue
-        keys, values = weights.new_cache(1)
-        with torch.no_grad():
-            prefill_logits(weights, torch.tensor(ids, device=weights.device), 0, 0, keys, values, 0)
-        n = min(len(ids), s.capacity)
-        for i in range(s.layers):
-            for j, cache in enumerate((keys[i], values[i])):
-                amax[i, j] = torch.maximum(amax[i, j], cache[0, :, :n].float().abs().amax(dim=(-1, -2)))
-    scales = amax * margin / E4M3_MAX
-    bad = ~torch.isfinite(scales) | (scales <= 0)
-    if bool(bad.any()):
-        layer, which, head = (int(v) for v in bad.nonzero()[0])
-        raise BuildError(f"fp8 cache calibration: expected a finite, nonzero amax for every layer and kv head, "
-                         f"found {float(amax[layer, which, head])} for the {('keys', 'values')[which]} of layer "
-                         f"{layer}, kv head {head} (no prompt, or a layer that writes zeros); nothing written")
-    return scales
-
-
-__all__ = ["MARGIN", "attend", "calibrate", "layer_scales", "load", "quantize", "roundtrip", "store"]
+__all__ = ["MARGIN", "attend", "layer_scales", "load", "quantize", "roundtrip", "store"]
