@@ -243,3 +243,23 @@ def test_prompts_arriving_together_get_their_tokens_alone_in_batched_prefill_cal
                                                                            window=window))
         assert job.tokens == alone.tokens and len(job.tokens) >= 3, prompt
 
+
+
+def test_decode_graphs_belong_to_their_cache_and_go_with_it(tiny):
+    """A graph captured over one cache's buffers is never used for another cache (a new cache may take a freed
+    one's id), and a dropped cache's graphs are released with it (repeated generate calls do not pile them up)."""
+    import gc
+
+    import numpy as np
+
+    model = backend(tiny)
+    first, second = model.new_cache(2), model.new_cache(2)
+    ids = np.array([[5], [7]])
+    model.step(first, [0, 1], ids, 0)
+    assert len(model.graphs_of(first)) == 1 and not model.graphs_of(second)
+    out = model.step(second, [0, 1], ids, 0)
+    assert int(second.positions[0]) == 1 and len(model.graphs_of(second)) == 1
+    np.testing.assert_allclose(out, model.step(model.new_cache(2), [0, 1], ids, 0), rtol=1e-5, atol=1e-5)
+    del first, second
+    gc.collect()
+    assert len(model._graphs) == 0

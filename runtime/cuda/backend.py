@@ -14,6 +14,7 @@ the same tokens whatever runs beside.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -92,7 +93,7 @@ class CudaDecoder:
     took about 37 ms, set by the host's kernel launches, for 2,048 to 16,384 tokens: 8 prompts of 2,048 take one
     step)."""
 
-    def __init__(self, weights: PackedDecoder, codec=None, eos=(), *, compile: str = "linked",
+    def __init__(self, weights: PackedDecoder, codec=None, eos=(), *, compile: str = "auto",
                  info: dict | None = None, memory_check=None, prefill_tokens: int = 16384) -> None:
         self.torch = require("torch", "generation on CUDA")
         if prefill_tokens < 1:
@@ -106,7 +107,8 @@ class CudaDecoder:
         self.layout = RingLayout(s.sinks, s.window_max)
         self.codec, self.eos, self.vocab_size = codec, set(int(t) for t in eos), s.vocab
         self.compile = compile
-        self._graphs: dict = {}
+        # per cache its captured graphs (bucket, splits, kind): they hold the cache's tensors, so they go with it
+        self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         dev = weights.device
         self._sms = self.torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
         self.backend = self  # the engine checks `backend is None` before activating
@@ -129,6 +131,11 @@ class CudaDecoder:
 
     def deactivate(self) -> None:
         self._graphs.clear()
+
+    def graphs_of(self, cache: CudaCache) -> dict:
+        """The decode graphs captured over `cache`'s buffers (keyed by the cache object, never by its id: a new
+        cache may take a freed one's id, and a graph must never write another cache's tensors)."""
+        return self._graphs.setdefault(cache, {})
 
     def new_cache(self, streams: int = 1) -> CudaCache:
         if self._memory_check is not None:
@@ -303,14 +310,14 @@ class CudaDecoder:
         keys = min(1 << (keys - 1).bit_length(), live)  # a few split counts as streams grow
         splits = cached_decode_splits(bucket * s.kv_heads, s.sinks, keys, self._sms)
         kind = "logits" if sampling is None else "greedy" if isinstance(sampling, str) else "sampled"
-        key = (id(cache), bucket, splits, kind)
-        graph = self._graphs.get(key)
+        key = (bucket, splits, kind)
+        graph = self.graphs_of(cache).get(key)
         if graph is None:
             graph = DecodeGraph(self.weights, cache.keys, cache.values, batch=bucket, splits=splits,
                                 compile=self.compile if self.weights.device.type == "cuda" else "none",
                                 greedy=kind == "greedy",
                                 sampling=sampling.rows(0, bucket) if kind == "sampled" else None)
-            self._graphs[key] = graph
+            self.graphs_of(cache)[key] = graph
         inputs = np.zeros((2, bucket), dtype=np.int64)  # ids (padded) and positions: one copy to the device
         inputs[0, :n] = ids
         inputs[1] = cache.positions[:bucket]

@@ -187,17 +187,18 @@ def decode(decoder, cache, n: int, ids, window: int, pages: int, sampling):
     if pages:
         k_max = k_max_for(pages)
         splits = budget_splits(bucket * s.kv_heads, s.sinks, keys, k_max, cache.page, decoder._sms)
-        key = (id(cache), bucket, splits, kind, "budget", k_max)
+        key = (bucket, splits, kind, "budget", k_max)
         make = lambda: BudgetGraph(decoder.weights, cache.keys, cache.values, bounds, splits=splits,  # noqa: E731
                                    k_max=k_max, page=cache.page, compile=decoder.compile if cuda else "none", **common)
     else:
         splits = cached_decode_splits(bucket * s.kv_heads, s.sinks, keys, decoder._sms)
-        key = (id(cache), bucket, splits, kind, "bounds")
+        key = (bucket, splits, kind, "bounds")
         make = lambda: BoundsGraph(decoder.weights, cache.keys, cache.values, bounds, page=cache.page,  # noqa: E731
                                    splits=splits, compile=decoder.compile if cuda else "none", **common)
-    graph = decoder._graphs.get(key)
+    graphs = decoder.graphs_of(cache)
+    graph = graphs.get(key)
     if graph is None:
-        graph = decoder._graphs[key] = make()
+        graph = graphs[key] = make()
     inputs = np.zeros((2, bucket), dtype=np.int64)
     inputs[0, :n] = ids
     inputs[1] = cache.positions[:bucket]

@@ -104,7 +104,7 @@ def _cast(torch, tensors: dict, dtype) -> dict:
     return out
 
 
-def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "linked",
+def open_cuda_decoder(bundle, *, device: str = "cuda", window_max: int | None = None, compile: str = "auto",
                       mem_get_info=None, bf16: bool | None = None, kv_cache: str | None = None):
     """A CudaDecoder over the bundle's weights on the GPU (the bundle's files are hashed and confined).
 
