@@ -24,6 +24,7 @@ from edgeattn import atomic
 from edgeattn.errors import ConfigError
 from edgeattn.gpu import check_device_name, resolve_device, torch_cuda_available
 from edgeattn.quantize.progress import StepProgress
+from edgeattn.runtime.cuda.devices import keep_multicast_off
 
 SCHEDULES = ("constant", "cosine", "linear")
 HIDDEN_NORMS = ("token", "layer")
@@ -115,6 +116,7 @@ def init_distributed() -> tuple[int, int]:
     """Join the process group torchrun describes (WORLD_SIZE > 1); (rank, world size)."""
     import torch
 
+    keep_multicast_off()  # NCCL_NVLS_ENABLE=0 and the like, unless set: docs/serving.md "Several GPUs"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
         # gloo for CPU tensors, nccl for CUDA ones: a CPU run on a GPU machine needs gloo too
         torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if torch_cuda_available() else "gloo")

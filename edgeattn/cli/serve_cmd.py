@@ -45,6 +45,22 @@ def _thermal_source(bundles, sensor: str) -> tuple[str, int]:
     return thermal_source(cuda[0], sensor) if cuda else (sensor, 0)
 
 
+def _gpu_controllers(bundles, gpus, policy, sensor: str, initial: int, bound: int, max_window: int):
+    """serve --devices with a thermal policy: a window per GPU (`initial`, at most `bound`), each moved by a
+    controller reading that GPU's sensor (NVML: its index there)."""
+    from edgeattn.runtime.cuda.bundle import thermal_source
+    from edgeattn.runtime.live_window import LiveWindow
+    from edgeattn.runtime.thermal.service import ControllerGroup, thermal_controller
+
+    windows, controllers = [], []
+    for index in gpus:
+        window = LiveWindow(initial, max_window=bound)
+        kind, nvml = thermal_source(bundles[0], sensor, device=f"cuda:{index}")
+        windows.append(window)
+        controllers.append(thermal_controller(window, policy=policy, sensor=kind, max_window=max_window, gpu=nvml))
+    return windows, ControllerGroup(controllers)
+
+
 def _check_budget_policy(app, controller) -> None:
     """A thermal policy that splits its levels into retrieval pages needs every served model to read pages:
     refused at start-up rather than failing requests once the device heats."""
@@ -116,9 +132,12 @@ def _budget_line(decoder, controller) -> str:
               "(no latency spike for the other streams; a longer time to first token) [default: 0].")
 @click.option("--shutdown-timeout", type=float, help="Seconds queued requests get to finish after SIGTERM "
               "[default: 30].")
+@click.option("--devices", metavar="all|0,1,...", help="cuda bundles: one engine per GPU (its own weights, slots "
+              "and CUDA graphs) behind one model name; a request goes to the GPU with the most free slots "
+              "[default: one GPU, the current one].")
 def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec,
           thermal_policy, thermal_sensor, max_window, admin_token, slots, prefill_chunk, prefill_in_step,
-          shutdown_timeout):
+          shutdown_timeout, devices):
     """Serve BUNDLES over KServe v2 / Triton HTTP (binary tensors, dynamic batching, /metrics).
 
     Decoder bundles are served through the OpenAI-compatible routes (/v1/completions,
@@ -150,8 +169,15 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
                                       max_queue_delay_ms=max_queue_delay_ms, max_queue=max_queue,
                                       threads=threads, window=window, admin_token=admin_token,
                                       shutdown_timeout_s=shutdown_timeout, slots=slots,
-                                      prefill_chunk=prefill_chunk, prefill_in_step=prefill_in_step)
+                                      prefill_chunk=prefill_chunk, prefill_in_step=prefill_in_step,
+                                      devices=devices)
     opened = [open_bundle(b) for b in bundles]
+    gpus = None
+    if settings.devices:
+        from edgeattn.runtime.cuda.devices import keep_multicast_off, resolve_devices
+
+        keep_multicast_off()  # before anything starts NCCL or NVSHMEM in this process
+        gpus = resolve_devices(opened, settings.devices)
     longest = max(window_bound(b) for b in opened)
     bound = max(longest, max_window or 0) or NO_WINDOW_LIMIT
     if settings.window > bound:
@@ -161,21 +187,28 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
     if controller_spec and thermal_policy:
         raise click.BadParameter("give --controller or --thermal-policy, not both", param_hint="--controller")
     controller = _controller_factory(controller_spec)(window=live) if controller_spec else None
+    device_windows = None
     if thermal_policy:
         from edgeattn.runtime.thermal.service import thermal_controller
 
         if not (max_window or longest):
             raise click.BadParameter("the bundles have no sequence range: give --max-window", param_hint="--max-window")
-        sensor, gpu = _thermal_source(opened, thermal_sensor)
-        controller = thermal_controller(live, policy=thermal_policy, sensor=sensor, max_window=max_window or longest,
-                                        gpu=gpu)
-    app = create_app(opened, settings, names=[name] if name else None, window=live, controller=controller)
+        if gpus is None:
+            sensor, gpu = _thermal_source(opened, thermal_sensor)
+            controller = thermal_controller(live, policy=thermal_policy, sensor=sensor,
+                                            max_window=max_window or longest, gpu=gpu)
+        else:
+            device_windows, controller = _gpu_controllers(opened, gpus, thermal_policy, thermal_sensor,
+                                                          settings.window, bound, max_window or longest)
+    app = create_app(opened, settings, names=[name] if name else None, window=live, controller=controller,
+                     devices=gpus, device_windows=device_windows)
     models = ", ".join(f"{n} ({b.manifest.backend})" for n, b in
                        zip([name] if name else [b.manifest.name for b in opened], opened))
     click.echo(f"serving {models} on http://{settings.host}:{settings.port} (max batch {settings.max_batch}, "
                f"queue delay {settings.max_queue_delay_ms:g} ms)", err=True)
     for decoder in app[DECODERS].values():
-        click.echo(f"generation slots of {decoder.describe()}", err=True)
+        for line in decoder.describe().splitlines():  # one line per GPU
+            click.echo(f"generation slots of {line}", err=True)
     _check_budget_policy(app, controller)
     for decoder in app[DECODERS].values():
         click.echo(_budget_line(decoder, controller), err=True)

@@ -81,14 +81,14 @@ def nvml_index(device) -> int:
         return index
 
 
-def thermal_source(bundle, sensor: str = "auto") -> tuple[str, int]:
+def thermal_source(bundle, sensor: str = "auto", device: str = "cuda") -> tuple[str, int]:
     """(sensor, NVML index) for a thermal controller beside a cuda bundle on its GPU: `auto` is Jetson's sysfs
     zones on an integrated GPU (Orin, Thor: the GPU is on the module) and NVML on a discrete one (a server's
-    sysfs zones are its CPUs'); NVML reads the GPU the bundle opens on. Other sensors are left as given."""
+    sysfs zones are its CPUs'); NVML reads the GPU the bundle opens on (`device`). Other sensors are left as given."""
     torch = require("torch", "running a cuda bundle")
     if sensor not in ("auto", "nvml"):
         return sensor, 0
-    dev = device_check(bundle)  # no GPU: the error opening the bundle gives
+    dev = device_check(bundle, device)  # no GPU: the error opening the bundle gives
     if sensor == "auto":
         sensor = "sysfs" if getattr(torch.cuda.get_device_properties(dev), "is_integrated", False) else "nvml"
     return sensor, nvml_index(dev) if sensor == "nvml" else 0

@@ -22,6 +22,8 @@ from edgeattn import __version__
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, InputError
 from edgeattn.runtime.live_window import LiveWindow
+from edgeattn.runtime.cuda.devices import resolve_devices
+from edgeattn.runtime.server.decoder_group import DecoderGroup
 from edgeattn.runtime.server.decoder_runtime import DecoderRuntime, is_decoder, window_bound
 from edgeattn.runtime.server.generate_routes import DECODERS, DEVICE, SETTINGS, add_routes
 from edgeattn.runtime.server.kserve import HEADER_LENGTH, WINDOW_PARAMETER, ProtocolError, decode_json
@@ -336,7 +338,8 @@ def _routes(app: web.Application) -> None:
 
 def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(), *,
                names: list[str] | None = None, window: LiveWindow | None = None, controller=None,
-               metrics: ServerMetrics | None = None, sensors: bool = True) -> web.Application:
+               metrics: ServerMetrics | None = None, sensors: bool = True, devices: tuple[int, ...] | None = None,
+               device_windows: list[LiveWindow] | None = None) -> web.Application:
     """The service for `bundles` (named by their manifests unless `names` is given).
 
     Models are activated and warmed up in the background once the app starts (`app[STARTUP]` is that
@@ -346,6 +349,10 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     controller is stopped. The window is bounded by the longest sequence the bundles accept (a decoder's
     ring). Decoder bundles (manifest section `decoder`) are served by the generation routes, with
     continuous batching over `settings.slots` slots; the others by KServe v2 inference.
+
+    `settings.devices` (cuda bundles): one engine per GPU behind each name (decoder_group.py), on `devices` (the
+    GPU indices, resolved from the settings when not given); `device_windows`, one per GPU, are the windows their
+    thermal controllers move (default: every engine follows `window`; the admin routes' changes reach them all).
     """
     names = names or [b.manifest.name for b in bundles]
     if len(names) != len(bundles):
@@ -362,8 +369,21 @@ def create_app(bundles: list[Bundle], settings: ServeSettings = ServeSettings(),
     app[JSON_WORKER], app[STARTUP] = JsonWorker(), Startup()
     app[MODELS] = {n: ModelRuntime(b, n, settings, window, metrics)
                    for n, b in zip(names, bundles) if not is_decoder(b)}
-    app[DECODERS] = {n: DecoderRuntime(b, n, settings, window, metrics)
-                     for n, b in zip(names, bundles) if is_decoder(b)}
+    if settings.devices and devices is None:
+        devices = resolve_devices(bundles, settings.devices)
+    if devices is None:
+        app[DECODERS] = {n: DecoderRuntime(b, n, settings, window, metrics)
+                         for n, b in zip(names, bundles) if is_decoder(b)}
+    else:
+        windows = device_windows or [window] * len(devices)
+        if len(windows) != len(devices):
+            raise ConfigError(f"expected one window per GPU ({len(devices)}), found {len(windows)}")
+        app[DECODERS] = {n: DecoderGroup([DecoderRuntime(b, n, settings, w, metrics, device=d)
+                                          for d, w in zip(devices, windows)])
+                         for n, b in zip(names, bundles) if is_decoder(b)}
+        for w in {id(w): w for w in windows if w is not window}.values():
+            window.subscribe(lambda change, w=w: w.set(change.new, source=change.source, reason=change.reason,
+                                                            pages=change.pages))
     app[DEVICE] = lambda: _device_parameters(app)
     _routes(app)
     metrics.window.set(window.get())

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
-from edgeattn.runtime.cuda.bundle import is_cuda_bundle, slot_plan
+from edgeattn.runtime.cuda import devices as gpu_devices
+from edgeattn.runtime.cuda.bundle import is_cuda_bundle, open_cuda_decoder, slot_plan
 from edgeattn.runtime.generation.backend import preferred_chunk
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Event, Job, new_job
@@ -55,15 +56,22 @@ class DecoderRuntime:
     kind = "decoder"
 
     def __init__(self, bundle: Bundle, name: str, settings: ServeSettings, window: LiveWindow,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, *, device: int | None = None) -> None:
+        """`device`: the GPU index of one of a model's engines (decoder_group.py); None: the model's only engine."""
         self.name, self.bundle, self.settings = name, bundle, settings
+        self.device = None if device is None else gpu_devices.device_label(device)
         ring = int(bundle.manifest.sections["decoder"]["window_max"])
         if settings.window_max > ring:
             raise ConfigError(f"window_max: expected at most {name!r}'s ring of {ring} rows, found "
                               f"{settings.window_max}")
-        self.model = open_decoder(bundle, window_max=settings.window_max or None, threads=settings.threads)
+        if device is None:
+            self.model = open_decoder(bundle, window_max=settings.window_max or None, threads=settings.threads)
+        else:
+            self.model = open_cuda_decoder(bundle, device=gpu_devices.engine_device(device),
+                                           window_max=settings.window_max or None)
         # cuda bundles: the slot pool sized from (or checked against) the GPU's memory left after the weights
-        self.plan = slot_plan(self.model, settings.slots or None, repr(name)) if is_cuda_bundle(bundle) else None
+        where = repr(name) + (f" on {self.device}" if self.device else "")
+        self.plan = slot_plan(self.model, settings.slots or None, where) if is_cuda_bundle(bundle) else None
         self.slots = self.plan.slots if self.plan else settings.slots or DEFAULT_SLOTS
         self.live_window, self.metrics = window, metrics
         self.ready = False
@@ -87,11 +95,16 @@ class DecoderRuntime:
 
     def describe(self) -> str:
         """One line for the start-up log: the slots, the bytes a slot's cache takes, and the memory."""
+        where = self.name if self.device is None else f"{self.name} on {self.device}"
         if self.plan is not None:
-            return f"{self.name}: {self.plan.describe()}; running in {self.model.info.get('precision')}"
+            return f"{where}: {self.plan.describe()}; running in {self.model.info.get('precision')}"
         cache = int(getattr(self.scheduler.cache, "nbytes", 0))
-        return (f"{self.name}: {self.slots} slots x {cache / self.slots / 2**20:.1f} MiB of cache = "
-                f"{cache / 2**30:.2f} GiB")
+        return f"{where}: {self.slots} slots x {cache / self.slots / 2**20:.1f} MiB of cache = {cache / 2**30:.2f} GiB"
+
+    @property
+    def free_slots(self) -> int:
+        """Slots neither busy nor promised to a queued request (negative when requests queue)."""
+        return self.slots - self.scheduler.busy - self.scheduler.depth
 
     @property
     def codec(self):

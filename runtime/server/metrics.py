@@ -88,6 +88,13 @@ class GenerationMetrics:
                                  "budget: sinks + window + pages x page", ["model"], registry=r)
         self.budget_pages = Gauge("edgeattn_attention_budget_pages", "Retrieval pages of the live budget "
                                   "(0 = the window alone)", ["model"], registry=r)
+        # a model served on several GPUs (serve --devices): its engines, one per GPU, beside the model's totals
+        self.device_slots = Gauge("edgeattn_device_slots", "Slots of the model's engine on one GPU",
+                                  ["model", "device"], registry=r)
+        self.device_running = Gauge("edgeattn_device_requests_running", "Slots busy on one GPU",
+                                    ["model", "device"], registry=r)
+        self.device_waiting = Gauge("edgeattn_device_requests_waiting", "Requests queued for one GPU's slots",
+                                    ["model", "device"], registry=r)
 
 
 class _DeviceCollector:

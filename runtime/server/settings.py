@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from edgeattn.errors import ConfigError
+from edgeattn.runtime.cuda.devices import parse_devices
 
 ENV_PREFIX = "EDGEATTN_SERVE_"
 DEFAULT_SLOTS = 8  # decoder bundles other than cuda ones, when the slots are "auto"
@@ -39,6 +40,7 @@ class ServeSettings:
     # "Where the time goes"; 2,048 on CUDA, where a prefill pass costs about the same up to thousands of tokens)
     prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
     window_max: int = 0  # decoder bundles: ring rows per slot (0: the bundle's window_max)
+    devices: str = ""  # cuda bundles: "all" or GPU indices "0,1": one engine per GPU ("": one GPU, the current one)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -56,6 +58,8 @@ class ServeSettings:
                      "prefill_chunk"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
+        if self.devices:
+            parse_devices(self.devices)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "ServeSettings":

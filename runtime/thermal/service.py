@@ -23,3 +23,32 @@ def response_parameters(controller) -> dict:
     """Temperature, throttle state and power for a response's parameters (absent values left out)."""
     snapshot = controller.metrics_snapshot()
     return {name: snapshot[key] for key, name in RESPONSE_KEYS.items() if snapshot.get(key) is not None}
+
+
+class ControllerGroup:
+    """The controllers of several GPUs (serve --devices), each moving its own GPU's window, started and stopped
+    together; `metrics_snapshot` gives every GPU's zones, the hottest temperature, the summed power, and throttle
+    when any GPU throttles (the rest as the first controller says)."""
+
+    def __init__(self, controllers: list[ThermalController]) -> None:
+        self.controllers = controllers
+        self.split = controllers[0].split
+
+    def start(self) -> None:
+        for c in self.controllers:
+            c.start()
+
+    def stop(self) -> None:
+        for c in self.controllers:
+            c.stop()
+
+    def metrics_snapshot(self) -> dict:
+        snaps = [c.metrics_snapshot() for c in self.controllers]
+        merged = dict(snaps[0])
+        merged["zone_temps_c"] = {z: t for s in snaps for z, t in s["zone_temps_c"].items()}
+        temps = [s["temp_c"] for s in snaps if s["temp_c"] is not None]
+        powers = [s["power_w"] for s in snaps if s["power_w"] is not None]
+        merged["temp_c"] = max(temps) if temps else None
+        merged["power_w"] = sum(powers) if powers else None
+        merged["throttle"] = any(s["throttle"] for s in snaps)
+        return merged
