@@ -190,6 +190,30 @@ CASES: dict[tuple[str, str], Case] = {
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py memory --bundle "
                            "build/gen/smollm2_fp32.edgeattn --tokens 100000 --every 5000 --results "
                            "benchmarks/results"): skip(BENCH),
+    # long-context evaluation on SmolLM2 (one sample a run instead of 5 to 50)
+    ("docs/evaluation.md", "edgeattn eval smollm2.edgeattn --task passkey --context 2048 --window-max 4096 "
+                           "--samples 10"): Case("slow", smollm2=True, subs=(("--samples 10", "--samples 1"),),
+                                                 why="1 sample", expect="accuracy"),
+    ("docs/evaluation.md", "edgeattn eval smollm2.edgeattn --task passkey --context 4096 --window 512 --window-max "
+                           "4096 --json passkey.json"): Case("slow", smollm2=True, why="1 sample", expect="accuracy",
+                                                             subs=(("--json", "--samples 1 --json"),)),
+    ("docs/evaluation.md", "edgeattn export smollm2 --decoder --page 16 --out smollm2-paged.onnx"): Case("slow"),
+    ("docs/evaluation.md", "edgeattn build smollm2-paged.onnx"): Case(
+        "slow", setup="edgeattn export smollm2 --decoder --page 16 --out smollm2-paged.onnx",
+        expect="smollm2-paged.edgeattn"),
+    ("docs/evaluation.md", "edgeattn eval smollm2-paged.edgeattn --task passkey --context 4096 --budget 512 "
+                           "--window-max 4096 --samples 5"): Case(
+        "slow", setup="edgeattn export smollm2 --decoder --page 16 --out smollm2-paged.onnx && "
+                      "edgeattn build smollm2-paged.onnx", subs=(("--samples 5", "--samples 1"),), why="1 sample",
+        expect="accuracy"),
+    ("docs/evaluation.md", 'edgeattn eval-table smollm2.edgeattn --tasks passkey --contexts 2048,4096 --settings '
+                           'full,window --divisors "" --sizes 256,512 --samples 5 --window-max 4096 --threads 2 '
+                           '--out benchmarks/results/eval_passkey_smollm2_cpu.json --plot '
+                           'docs/images/eval_passkey_smollm2_cpu.png'): skip(BENCH),
+    ("docs/evaluation.md", 'edgeattn eval-table smollm2-paged.edgeattn --tasks passkey --contexts 2048 --settings '
+                           'budget --divisors "" --sizes 256,512 --samples 5 --window-max 4096 --threads 2 --out '
+                           'benchmarks/results/eval_passkey_smollm2_budget_cpu.json --plot '
+                           'docs/images/eval_passkey_smollm2_budget_cpu.png'): skip(BENCH),
     # kernels
     ("docs/kernels.md", "python benchmarks/attention_h200.py --out results.json"): skip(GPU),
     ("docs/kernels.md", "python benchmarks/attention_h200.py --sweep --out results.json"): skip(GPU),
