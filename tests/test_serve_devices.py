@@ -268,3 +268,64 @@ def test_a_controller_group_merges_the_gpus_readings():
     assert snap["zone_temps_c"] == {"gpu0": 60.0, "gpu1": 80.0} and snap["temp_c"] == 80.0
     assert snap["power_w"] == pytest.approx(500.0)
     assert [w.get() for w in windows] == [0, 24]  # the hot GPU's window alone
+
+
+def test_serve_devices_with_a_thermal_policy_reads_each_gpu_through_nvml(bundle, runner, monkeypatch, tmp_path,
+                                                                       cpu_engines):
+    """A controller per GPU, reading NVML at that GPU's index there (CUDA_VISIBLE_DEVICES maps it without
+    NVML's UUIDs), each moving its own GPU's window."""
+    import sys
+
+    from thermal_fakes import fake_pynvml
+
+    from edgeattn.runtime.server.app import CONTROLLER, DECODERS, WINDOW
+
+    _gpus(monkeypatch, ("NVIDIA H200", 90), ("NVIDIA H200", 90))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([60]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    policy = tmp_path / "step.toml"
+    policy.write_text('kind = "step"\nthresholds_c = [75, 85]\n')
+    result, served = _serve(runner, monkeypatch, bundle.path, "--devices", "0,1", "--slots", "1",
+                            "--thermal-policy", policy, "--thermal-sensor", "nvml")
+    assert result.exit_code == 0 and len(served) == 1, result.output
+    app = served[0]
+    controllers = app[CONTROLLER].controllers
+    assert [c.sensor.zone for c in controllers] == ["gpu2", "gpu3"]
+    windows = [e.live_window for e in app[DECODERS]["tiny"].engines]
+    assert [c.window for c in controllers] == windows and app[WINDOW] not in windows
+
+
+def test_an_engine_s_calls_run_with_its_gpu_current(monkeypatch):
+    """The current device is per thread and starts at GPU 0; Triton launches and CUDA graph captures use it, so
+    every call into GPU 1's decoder (from the scheduler's thread, or warm-up on a pool thread) makes GPU 1 current."""
+    import contextlib
+
+    import torch
+
+    from edgeattn.runtime.cuda.devices import OnDevice
+
+    current = ["cuda:0"]
+
+    @contextlib.contextmanager
+    def device(dev):
+        before, current[0] = current[0], str(dev)
+        yield
+        current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+
+    class Decoder:
+        layout, eos = "the layout", {2}
+
+        def step(self, cache, streams):
+            return current[0], cache, streams
+
+    model = OnDevice(Decoder(), torch.device("cuda:1"))
+    assert model.step("cache", [0]) == ("cuda:1", "cache", [0]) and current == ["cuda:0"]
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(model.step("c", [1])))
+    worker.start()
+    worker.join()
+    assert seen == [("cuda:1", "c", [1])]
+    model.eos = set()  # attributes reach the decoder itself
+    assert model.layout == "the layout" and model._model.eos == set()

@@ -3,7 +3,8 @@ processes that use several GPUs.
 
 `resolve_devices` checks the list against the machine before anything loads: GPUs there at all, every index in
 range, no index twice, every bundle a cuda bundle built for every GPU's architecture. `engine_device` is the torch
-device an engine opens on (tests give CPU tensors in its place).
+device an engine opens on (tests give CPU tensors in its place); `open_engine_decoder` opens it there, its calls
+pinned to that GPU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 
 from edgeattn.errors import ConfigError, TargetError
 from edgeattn.optional import require
-from edgeattn.runtime.cuda.bundle import device_check, is_cuda_bundle
+from edgeattn.runtime.cuda.bundle import device_check, is_cuda_bundle, open_cuda_decoder
 
 ALL = "all"
 # NVLink multicast (NVLS) off in NCCL, PyTorch's symmetric memory and NVSHMEM: on shared multi-GPU hosts a
@@ -71,6 +72,44 @@ def resolve_devices(bundles, spec: str) -> tuple[int, ...]:
 def engine_device(index: int) -> str:
     """The torch device of GPU `index`'s engine."""
     return f"cuda:{index}"
+
+
+def open_engine_decoder(bundle, index: int, *, window_max: int | None = None):
+    """The cuda decoder of GPU `index`'s engine, opened with that GPU current, every later call too (OnDevice)."""
+    torch = require("torch", "serving a cuda bundle on several GPUs")
+    device = torch.device(engine_device(index))
+    if device.type != "cuda":  # CPU tensors in tests: nothing to pin
+        return open_cuda_decoder(bundle, device=str(device), window_max=window_max)
+    with torch.cuda.device(device):
+        return OnDevice(open_cuda_decoder(bundle, device=str(device), window_max=window_max), device)
+
+
+class OnDevice:
+    """A decoder whose every method runs with its GPU as the calling thread's current device.
+
+    The current device is per thread and starts at GPU 0: Triton launches on the current device's stream, and a
+    CUDA graph captures on it, so an engine on GPU 1 stepped by its scheduler's thread (or warmed up on a pool
+    thread) must make GPU 1 current around each call. Attributes that are not methods pass through."""
+
+    def __init__(self, model, device) -> None:
+        torch = require("torch", "serving a cuda bundle on several GPUs")
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_current", lambda: torch.cuda.device(device))  # a context: `device` current
+
+    def __getattr__(self, name: str):
+        value = getattr(self._model, name)
+        if not callable(value):
+            return value
+        current = self._current
+
+        def pinned(*args, **kwargs):
+            with current():
+                return value(*args, **kwargs)
+
+        return pinned
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self._model, name, value)
 
 
 def device_label(index: int) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from edgeattn.bundle.folder import Bundle
 from edgeattn.errors import ConfigError, EdgeAttnError, RuntimeBackendError
 from edgeattn.runtime.cuda import devices as gpu_devices
-from edgeattn.runtime.cuda.bundle import is_cuda_bundle, open_cuda_decoder, slot_plan
+from edgeattn.runtime.cuda.bundle import is_cuda_bundle, slot_plan
 from edgeattn.runtime.generation.backend import preferred_chunk
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
 from edgeattn.runtime.generation.engine import Event, Job, new_job
@@ -67,8 +67,7 @@ class DecoderRuntime:
         if device is None:
             self.model = open_decoder(bundle, window_max=settings.window_max or None, threads=settings.threads)
         else:
-            self.model = open_cuda_decoder(bundle, device=gpu_devices.engine_device(device),
-                                           window_max=settings.window_max or None)
+            self.model = gpu_devices.open_engine_decoder(bundle, device, window_max=settings.window_max or None)
         # cuda bundles: the slot pool sized from (or checked against) the GPU's memory left after the weights
         where = repr(name) + (f" on {self.device}" if self.device else "")
         self.plan = slot_plan(self.model, settings.slots or None, where) if is_cuda_bundle(bundle) else None
