@@ -99,8 +99,28 @@ def test_multicast_is_kept_off_unless_the_user_set_it():
     assert environ == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "0"}
 
 
+def _no_multicast_settings(monkeypatch) -> None:
+    """The multicast variables unset for this test, and as they were afterwards."""
+    from edgeattn.runtime.cuda.devices import NO_MULTICAST
+
+    for name in NO_MULTICAST:
+        monkeypatch.setenv(name, "")  # recorded, so the teardown restores the variable as it was
+        monkeypatch.delenv(name)
+
+
+def test_distributed_training_keeps_multicast_off(monkeypatch):
+    import os
+
+    from edgeattn.quantize.distillation import init_distributed
+
+    _no_multicast_settings(monkeypatch)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert init_distributed() == (0, 1)
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0" and os.environ["NVSHMEM_DISABLE_NVLS"] == "1"
+
+
 def test_serve_devices_on_fake_gpus_starts_one_engine_per_gpu_and_says_so(bundle, runner, monkeypatch, cpu_engines):
-    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+    _no_multicast_settings(monkeypatch)
     _gpus(monkeypatch, ("NVIDIA H200", 90), ("NVIDIA H200", 90))
     result, served = _serve(runner, monkeypatch, bundle.path, "--devices", "all", "--slots", "3")
     assert result.exit_code == 0 and len(served) == 1, result.output
