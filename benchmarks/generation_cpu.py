@@ -6,11 +6,20 @@
     bash scripts/bench_env.sh                                        # once: .venv-bench with the peers
     .venv-bench/bin/python benchmarks/generation_cpu.py prepare --peers   # + onnxruntime-genai's fp32/int4 models
     .venv-bench/bin/python benchmarks/generation_cpu.py speed --peers     # one table, every engine
+    .venv/bin/python benchmarks/generation_cpu.py prepare --budget --precisions int4 --forms ops
+    .venv-bench/bin/python benchmarks/generation_cpu.py speed --peers --budget 512 \
+        --engines edgeattn edgeattn-page16 edgeattn-budget onnxruntime-genai --precisions int4 --rounds 3
+                                                                     # the attention budget against the window
 
 Every engine runs with 2 threads (ORT intra_op_num_threads=2, llama.cpp n_threads=2, torch.set_num_threads(2)),
 each in its own process (so no engine's idle thread pool spins beside the next one's), on the same token ids.
 Decode tokens/s is 1 / the median per-token time over the decode loop after a warm-up; prefill tokens/s is
 the prompt's length over the time to the first new token.
+
+The attention budget (`prepare --budget`, `speed --budget N`): an int4 bundle of the decoder exported with
+pages of 16 rows; "edgeattn-page16" is that bundle with no pages read (the window alone: is a model with bounds
+as fast as one without?), "edgeattn-budget" reads a budget of N rows at the long context, split by
+AttentionBudget.from_total (sinks 4 + a window of a quarter + retrieval pages of 16 rows).
 """
 
 from __future__ import annotations
@@ -32,6 +41,10 @@ GEN = ROOT / "build" / "gen"
 DECODER = GEN / "smollm2_dec.onnx"
 DECODER_INT4 = GEN / "smollm2_dec_int4.onnx"
 BUNDLES = {"fp32": GEN / "smollm2_fp32.edgeattn", "int4": GEN / "smollm2_int4.edgeattn"}
+PAGE = 16
+DECODER_PAGE = GEN / f"smollm2_dec_page{PAGE}.onnx"  # the attention budget: key bounds and retrieval pages
+DECODER_PAGE_INT4 = GEN / f"smollm2_dec_page{PAGE}_int4.onnx"
+PAGE_BUNDLES = {"int4": GEN / f"smollm2_int4_page{PAGE}.edgeattn"}
 FUSED_BUNDLES = {"fp32": GEN / "smollm2_fp32_fused.edgeattn", "int4": GEN / "smollm2_int4_fused.edgeattn"}  # --cached-attention fused
 GENAI = {"fp32": GEN / "genai_fp32", "int4": GEN / "genai_int4"}
 RESULTS = ROOT / "benchmarks" / "results"
@@ -49,11 +62,21 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- prepare
 
 def prepare(args) -> None:
+    GEN.mkdir(parents=True, exist_ok=True)
+    if args.budget or args.budget_only:
+        prepare_budget(args)
+    if not args.budget_only:
+        prepare_window(args)
+    if args.peers:
+        prepare_genai(args.force)
+
+
+def prepare_window(args) -> None:
+    """The decoder without pages: its export, int4 weights, and the bundles of each precision and form."""
     from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.decoder.export import DecoderExportConfig, export_decoder
     from edgeattn.decoder.weight_only import quantize_weights_int4
 
-    GEN.mkdir(parents=True, exist_ok=True)
     if args.from_onnx:
         log(f"reuse the decoder export {args.from_onnx} (the current op body attached) -> {DECODER}")
         reattach_body(Path(args.from_onnx), DECODER)
@@ -64,13 +87,34 @@ def prepare(args) -> None:
         log(f"int4 weights (RTN, block 32, symmetric) -> {DECODER_INT4}")
         quantize_weights_int4(DECODER, DECODER_INT4, block=32)
     for precision, src in (("fp32", DECODER), ("int4", DECODER_INT4)):
+        if precision not in args.precisions:
+            continue
         for bundles, form in ((BUNDLES, "ops"), (FUSED_BUNDLES, "fused")):
+            if form not in args.forms:
+                continue
             if args.force or not (bundles[precision] / "manifest.json").is_file():
                 log(f"edgeattn build {src.name} --target cpu --cached-attention {form} -> {bundles[precision]}")
                 build(src, BuildConfig(target="cpu", out=bundles[precision], seq=(1, 1, 256),
                                        dims=(("cache", (8, 68, 68)),), cached_attention=form), progress=log)
-    if args.peers:
-        prepare_genai(args.force)
+
+
+def prepare_budget(args) -> None:
+    """The int4 bundle of a decoder exported with retrieval pages of PAGE rows (the attention budget)."""
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder
+    from edgeattn.decoder.weight_only import quantize_weights_int4
+
+    if args.force or not DECODER_PAGE.is_file():
+        log(f"export SmolLM2 as a decoder with pages of {PAGE} rows -> {DECODER_PAGE} (1-4 minutes)")
+        export_decoder("smollm2", DECODER_PAGE, DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=PAGE))
+    if args.force or not DECODER_PAGE_INT4.is_file():
+        log(f"int4 weights (RTN, block 32, symmetric) -> {DECODER_PAGE_INT4}")
+        quantize_weights_int4(DECODER_PAGE, DECODER_PAGE_INT4, block=32)
+    out = PAGE_BUNDLES["int4"]
+    if args.force or not (out / "manifest.json").is_file():
+        log(f"edgeattn build {DECODER_PAGE_INT4.name} --target cpu -> {out}")
+        build(DECODER_PAGE_INT4, BuildConfig(target="cpu", out=out, seq=(1, 1, 256), dims=(("cache", (8, 68, 68)),)),
+              progress=log)
 
 
 def reattach_body(src: Path, dst: Path) -> None:
@@ -119,7 +163,8 @@ def prompt_ids(n: int) -> list[int]:
     """n token ids of ordinary English (this project's docs, in a fixed order), the same for every engine."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(BUNDLES["fp32"] / "tokenizer.json"))
+    bundle = next((b for b in (BUNDLES["fp32"], BUNDLES["int4"], PAGE_BUNDLES["int4"]) if b.is_dir()), BUNDLES["fp32"])
+    tok = Tokenizer.from_file(str(bundle / "tokenizer.json"))  # one tokenizer: every bundle holds the same
     text = "\n\n".join(p.read_text(encoding="utf-8") for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     ids = tok.encode(text, add_special_tokens=False).ids
     while len(ids) < n:
@@ -182,21 +227,30 @@ def time_decode(step, first_token: int, n: int) -> tuple[list[float], list[int]]
     return times, tokens
 
 
-def run_ours(precision: str, ids: list[int], n: int, window: int, bundles: dict = BUNDLES) -> dict:
+def run_ours(precision: str, ids: list[int], n: int, window: int, bundles: dict = BUNDLES, budget: bool = False
+             ) -> dict:
+    """budget: `window` is a total budget of rows, split into a window and retrieval pages (AttentionBudget)."""
+    from edgeattn.attention.budget import AttentionBudget
     from edgeattn.runtime.generation.generator import Generator
 
-    ring = len(ids) + n + 64  # the ring holds the whole context: window 0 reads it all, W reads W rows
+    ring = -(-(len(ids) + n + 64) // PAGE) * PAGE  # the whole context (window 0 reads it all); pages cut it evenly
+    pages = 0
     with Generator.open(bundles[precision], window_max=ring, threads=THREADS) as gen:
         dec = gen.model
+        if budget:
+            split = AttentionBudget.from_total(dec.layout, window, page=PAGE)
+            window, pages = split.window, split.pages
+            log(f"budget: {split.rows} rows = sinks {dec.layout.sinks} + window {window} + {pages} pages of {PAGE}")
+        step = dec.step if not pages else lambda *a, **k: dec.step(*a, pages=pages, **k)
         warm = dec.new_cache(1)
-        dec.step(warm, [0], np.array([ids[:16]]), window)
+        step(warm, [0], np.array([ids[:16]]), window)
         cache = dec.new_cache(1)
         t0 = time.perf_counter()
         for a in range(0, len(ids), 256):
-            logits = dec.step(cache, [0], np.array([ids[a:a + 256]]), window, last_only=True)[0, -1]
+            logits = step(cache, [0], np.array([ids[a:a + 256]]), window, last_only=True)[0, -1]
         prefill = time.perf_counter() - t0
         times, tokens = time_decode(
-            lambda t: int(np.argmax(dec.step(cache, [0], np.array([[t]]), window, last_only=True)[0, -1])),
+            lambda t: int(np.argmax(step(cache, [0], np.array([[t]]), window, last_only=True)[0, -1])),
             int(np.argmax(logits)), n)
     return {"prefill_s": prefill, "decode_times": times, "tokens": tokens}
 
@@ -276,18 +330,23 @@ def run_hf(precision: str, ids: list[int], n: int, window: int) -> dict:
 
 
 ENGINES = {"edgeattn": run_ours, "edgeattn-fused": lambda *a: run_ours(*a, bundles=FUSED_BUNDLES),
+           "edgeattn-page16": lambda *a: run_ours(*a, bundles=PAGE_BUNDLES),  # the window alone (pages 0)
+           "edgeattn-budget": lambda *a: run_ours(*a, bundles=PAGE_BUNDLES, budget=True),  # window = the total
            "onnxruntime-genai": run_genai, "llama.cpp": run_llama_cpp, "hf-generate": run_hf}
 ENGINE_MODULES = {"onnxruntime-genai": "onnxruntime_genai", "llama.cpp": "llama_cpp", "hf-generate": "transformers"}
 PRECISION_LABEL = {("llama.cpp", "int4"): "Q4_1 (GGUF)", ("hf-generate", "fp32"): "fp32 (SDPA)"}
 
 
-def plan(peers: bool, short: int, long: int, window: int) -> list[tuple[str, str, int, int]]:
+def plan(peers: bool, short: int, long: int, window: int, budget: int = 0) -> list[tuple[str, str, int, int]]:
     """(engine, precision, context, window) rows in the table's order; window 0 = the whole context; a context
-    of 0 leaves its rows out."""
+    of 0 leaves its rows out. budget N: the page bundle's rows (int4; edgeattn-budget's window is N rows)."""
     rows = [("edgeattn", "fp32", short, 0), ("edgeattn", "int4", short, 0),
             ("edgeattn", "fp32", long, 0), ("edgeattn", "int4", long, 0), ("edgeattn", "int4", long, window),
             ("edgeattn-fused", "fp32", short, 0), ("edgeattn-fused", "int4", short, 0),
             ("edgeattn-fused", "int4", long, window)]  # --cached-attention fused: the trade-off, both ends
+    if budget:
+        rows += [("edgeattn-page16", "int4", short, 0), ("edgeattn-page16", "int4", long, 0),
+                 ("edgeattn-page16", "int4", long, window), ("edgeattn-budget", "int4", long, budget)]
     if peers:
         for ctx in (short, long):
             rows += [("onnxruntime-genai", "fp32", ctx, 0), ("onnxruntime-genai", "int4", ctx, 0),
@@ -333,14 +392,15 @@ def speed(args) -> dict:
         prompts[ctx] = path
     # every round runs every row once, in the plan's order; a row's figure is its median over the rounds, so a
     # machine whose speed drifts during the run (a shared host) moves every row alike instead of some rows
-    planned = [p for p in plan(args.peers, args.short, args.long, args.window)
-               if not args.engines or p[0] in args.engines]
+    planned = [p for p in plan(args.peers, args.short, args.long, args.window, args.budget)
+               if (not args.engines or p[0] in args.engines) and p[1] in args.precisions]
     rounds: dict[tuple, list[dict]] = {p: [] for p in planned}
     rows = []
     for r in range(args.rounds):
         for engine, precision, ctx, window in run_order(planned, r):
             row = {"engine": engine, "precision": PRECISION_LABEL.get((engine, precision), precision),
-                   "context": ctx, "new_tokens": args.new_tokens, "window": window or "full"}
+                   "context": ctx, "new_tokens": args.new_tokens,
+                   "window": f"budget {window}" if engine == "edgeattn-budget" else window or "full"}
             module = ENGINE_MODULES.get(engine)
             if module and importlib.util.find_spec(module) is None:
                 row["status"] = "not installed"
@@ -419,6 +479,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peers", action="store_true")
     p.add_argument("--force", action="store_true")
     p.add_argument("--from-onnx", help="reuse a decoder ONNX from `edgeattn export smollm2 --decoder` (sinks 4)")
+    p.add_argument("--budget", action="store_true", help=f"also the int4 bundle exported with pages of {PAGE} rows")
+    p.add_argument("--budget-only", action="store_true", help="--budget, not the decoder without pages")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int4"], choices=["fp32", "int4"])
+    p.add_argument("--forms", nargs="+", default=["ops", "fused"], choices=["ops", "fused"],
+                   help="which --cached-attention builds")
     p = sub.add_parser("parity", help="greedy tokens and logits against Hugging Face generate (fp32)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "int4"])
@@ -431,6 +496,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=1, help="run every row this many times, interleaved; report medians")
+    p.add_argument("--budget", type=int, default=0,
+                   help="N > 0: also the page bundle's rows (int4), and a budget of N rows at the long context")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "int4"], choices=["fp32", "int4"],
+                   help="only rows of these precisions")
     p = sub.add_parser("measure")  # one row, in its own process (used by `speed`)
     p.add_argument("--engine", choices=list(ENGINES), required=True)
     p.add_argument("--precision", choices=["fp32", "int4"], required=True)
