@@ -113,3 +113,16 @@ def test_a_budget_needs_a_bundle_that_reads_pages(tiny_decoder, runner):
                                  "--window-max", RING, "--samples", "1"])
     assert result.exit_code == 2 and "attention budget: expected a decoder bundle whose model reads retrieval " \
                                      "pages" in result.output
+
+
+def test_prompt_form_raw_is_plain_text_and_chat_is_the_template(tiny_decoder, runner, tmp_path):
+    _, _, _, path = tiny_decoder
+    _, raw = _eval(runner, path, tmp_path, "--prompt-form", "raw", name="raw.json")
+    _, chat = _eval(runner, path, tmp_path, "--prompt-form", "chat", name="chat.json")
+    _, default = _eval(runner, path, tmp_path, name="default.json")
+    assert raw["prompt_form"] == "raw" == default["prompt_form"] and chat["prompt_form"] == "chat"
+    assert [s["answers"] for s in raw["samples"]] == [s["answers"] for s in chat["samples"]]
+    for s in raw["samples"]:
+        assert 200 - 12 - 10 <= s["prompt_tokens"] <= 200 - 12
+    result = runner.invoke(cli, ["eval", str(path), "--task", "passkey", "--context", "200", "--prompt-form", "x"])
+    assert result.exit_code == 2 and "'x' is not one of 'raw', 'chat'" in result.output

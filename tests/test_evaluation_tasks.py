@@ -34,7 +34,7 @@ def _haystack(message: str) -> str:
 @pytest.mark.parametrize("task", sorted(TASKS))
 @pytest.mark.parametrize("depth", [0.0, 0.3, 0.75, 1.0])
 def test_the_answer_is_in_the_prompt_once_at_the_depth(task, depth):
-    sample = make_sample(task, 800, 0, words, depth=depth)
+    sample = make_sample(task, 800, 0, words, depth=depth, form="chat")
     haystack = _haystack(sample.message)
     if task == "vartrack":
         value = re.search(r"assigned the value (\d+)", sample.message).group(1)
@@ -84,3 +84,43 @@ def test_exact_match_finds_whole_answers_only():
     assert score(("ABCDE", "FGHIJ"), "They are: ABCDE, FGHIJ.")
     assert not score(("ABCDE", "FGHIJ"), "They are: ABCDE.")
     assert not score((), "anything")
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("depth", [0.0, 0.4, 1.0])
+def test_raw_form_ends_with_the_answer_prefix_and_holds_each_needle_once(task, depth):
+    sample = make_sample(task, 700, 2, words, depth=depth, form="raw")
+    chat = make_sample(task, 700, 2, words, depth=depth, form="chat")
+    assert sample.form == "raw" and chat.form == "chat"
+    assert sample.answers == chat.answers  # the form changes the wording, not the draws
+    assert "\n" not in sample.message  # a plain completion, no message layout
+    prefix = {"passkey": "What is the pass key? The pass key is",
+              "multikey": "mentioned in the provided text? The special magic number for",
+              "vartrack": "variables are assigned the value"}[task]
+    assert prefix in sample.message[-len(sample.message) // 4:]
+    assert sample.message.endswith(("The pass key is", "mentioned in the provided text is", "they are:"))
+    if task == "passkey":
+        key, = sample.answers
+        assert sample.message.count(f"The pass key is {key}. Remember it. {key} is the pass key.") == 1
+        assert sample.message.count(key) == 2  # twice in its one needle, as in the original test
+    elif task == "multikey":
+        assert sample.message.count(sample.answers[0]) == 1
+    else:
+        for name in sample.answers:
+            assert sample.message.count(f"VAR {name} =") == 1
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("context", [300, 1000])
+def test_raw_form_fills_the_context_and_is_deterministic(task, context):
+    sample = make_sample(task, context, 1, words, form="raw")
+    target = context - TASKS[task].max_tokens
+    assert target - max(words(s) for s in FILLER) <= sample.prompt_tokens == words(sample.message) <= target
+    assert make_samples(task, context, 2, words, form="raw")[1] == sample
+
+
+def test_the_default_form_is_the_tasks_and_a_bad_form_is_an_error():
+    assert make_sample("passkey", 400, 0, words).form == TASKS["passkey"].form == "raw"
+    assert make_sample("multikey", 400, 0, words).form == TASKS["multikey"].form
+    with pytest.raises(ConfigError, match="prompt form: expected one of chat, raw, found 'plain'"):
+        make_sample("passkey", 400, 0, words, form="plain")

@@ -13,6 +13,9 @@ def run_options(f):
         click.option("--seed", default=0, show_default=True, help="Seed of the task generators."),
         click.option("--max-tokens", type=int, help="New tokens generated [default: the task's: passkey 12, "
                                                     "multikey 16, vartrack 32]."),
+        click.option("--prompt-form", type=click.Choice(["raw", "chat"]),
+                     help="raw: a plain completion ending with an answer prefix; chat: one user message in the "
+                          "chat template [default: the task's: passkey raw, multikey chat, vartrack chat]."),
         click.option("--budget-recent", default=0.25, show_default=True,
                      help="Share of a --budget's non-sink rows given to the recent window (the rest: pages)."),
         click.option("--window-max", type=int, help="Ring size to allocate [default: the bundle's]; the ring must "

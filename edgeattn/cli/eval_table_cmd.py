@@ -39,15 +39,16 @@ def _csv(kind):
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw accuracy against rows read (PNG).")
 @run_options
-def eval_table(bundle, tasks, contexts, kinds, divisors, sizes, out, plot, samples, seed, max_tokens, budget_recent,
-               window_max, threads):
+def eval_table(bundle, tasks, contexts, kinds, divisors, sizes, out, plot, samples, seed, max_tokens, prompt_form,
+               budget_recent, window_max, threads):
     """Long-context accuracy of a decoder BUNDLE over tasks x contexts x settings: full attention, a window of N
     tokens and a budget of N rows for each size N. Writes the results JSON (--out) and a plot (--plot)."""
     from edgeattn.cli.context_eval import open_generator
     from edgeattn.cli.progress_display import ProgressDisplay
     from edgeattn.evaluation.sweep import SweepConfig, run_sweep
 
-    config = SweepConfig(tasks, contexts, kinds, divisors, sizes, samples, seed, budget_recent, max_tokens)
+    config = SweepConfig(tasks, contexts, kinds, divisors, sizes, samples, seed, budget_recent, max_tokens,
+                         prompt_form)
     with open_generator(bundle, window_max, threads) as gen, ProgressDisplay() as show:
         manifest = getattr(getattr(gen.model, "bundle", None), "manifest", None)
         about = {"bundle": Path(bundle).name, "model": getattr(manifest, "name", None), "threads": threads}

@@ -3,8 +3,14 @@
 The filler is the passkey test's noise (Mohtashami and Jaggi, arXiv 2305.16300): five plain sentences
 repeated, so nothing in it competes with a needle. A prompt is an instruction, the haystack (filler sentences
 with needles between them, each at its depth: 0 = before all the filler, 1 = after it) and a question.
-`fit` finds the largest number of filler sentences whose whole prompt, as the model sees it (the chat
-template applied), has at most the target number of tokens.
+It takes one of two forms (`FORMS`):
+
+- `chat`: the instruction, the haystack and the question as one user message, sent in the model's chat template;
+- `raw`: a plain completion (no template), the question followed by an answer prefix ("... What is the pass
+  key? The pass key is") that the model completes, as in the original passkey test.
+
+`fit` finds the largest number of filler sentences whose whole prompt, as the model sees it, has at most the
+target number of tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ NOUNS = ("anchor", "barrel", "candle", "dragon", "engine", "falcon", "garden", "
          "kettle", "ladder", "magnet", "needle", "orange", "pencil", "quartz", "rocket", "saddle", "tunnel",
          "umbrella", "valley", "window", "yogurt", "zipper", "bridge", "cactus", "desert", "forest", "glacier")
 
-Counter = Callable[[str], int]  # a user message -> tokens of the whole prompt the model reads
+FORMS = ("chat", "raw")
+
+Counter = Callable[[str], int]  # a message (chat) or prompt text (raw) -> tokens of the whole prompt the model reads
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,12 @@ class Parts:
     instruction: str
     needles: tuple[Needle, ...]
     question: str
+    answer_prefix: str = ""  # raw form: the text the model completes with the answer
+    form: str = "chat"
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ConfigError(f"prompt form: expected one of {', '.join(FORMS)}, found {self.form!r}")
 
     def haystack(self, sentences: int) -> str:
         """`sentences` filler sentences with every needle placed at its depth (in needle order at ties)."""
@@ -53,11 +67,14 @@ class Parts:
         return " ".join(out)
 
     def message(self, sentences: int) -> str:
+        """The user message (chat form) or the whole prompt text, ending with the answer prefix (raw form)."""
+        if self.form == "raw":
+            return f"{self.instruction} {self.haystack(sentences)} {self.question} {self.answer_prefix}"
         return f"{self.instruction}\n\n{self.haystack(sentences)}\n\n{self.question}"
 
 
 def fit(parts: Parts, target: int, count: Counter) -> tuple[str, int]:
-    """(the user message with the most filler whose prompt has at most `target` tokens, its prompt tokens)."""
+    """(the message with the most filler whose prompt has at most `target` tokens, its prompt tokens)."""
     bare = count(parts.message(0))
     if bare > target:
         raise ConfigError(f"context: expected room for the task's instruction, needles and question ({bare} "

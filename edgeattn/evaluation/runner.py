@@ -1,7 +1,7 @@
 """One evaluation run: a task's samples at one context, generated greedily with one attention setting.
 
-The prompt goes in as `edgeattn generate --prompt` sends it: one user message in the bundle's chat template
-(plain text when the tokenizer has none). The ring must hold the whole context: a longer prompt would be kept
+A `chat` prompt goes in as `edgeattn generate --prompt` sends it: one user message in the bundle's chat template
+(plain text when the tokenizer has none); a `raw` prompt goes in as plain text, ending with the answer prefix. The ring must hold the whole context: a longer prompt would be kept
 head and tail by the engine (`fit_prompt`), dropping the middle where the needles are, and the score would
 measure that eviction rather than the attention setting. So a context above the cache (sinks + window_max; open
 the bundle with a larger `window_max`) or above the model's trained positions is refused before any work.
@@ -18,7 +18,7 @@ from edgeattn.errors import ConfigError
 from edgeattn.evaluation.haystack import Counter
 from edgeattn.evaluation.scoring import score
 from edgeattn.evaluation.settings import AttentionSetting
-from edgeattn.evaluation.tasks import Sample, get_task, make_samples
+from edgeattn.evaluation.tasks import Sample, check_form, get_task, make_samples
 from edgeattn.quantize.progress import StepProgress
 from edgeattn.runtime.generation.engine import live_budget
 from edgeattn.runtime.generation.generator import GenerationConfig, Generator
@@ -35,9 +35,12 @@ class EvalConfig:
     seed: int = 0
     max_tokens: int | None = None  # new tokens; None: the task's default
     prefill_chunk: int = 256
+    prompt_form: str | None = None  # chat or raw; None: the task's default
 
     def __post_init__(self) -> None:
         get_task(self.task)
+        if self.prompt_form is not None:
+            check_form(self.prompt_form)
         for name, low in (("context", 1), ("samples", 1), ("seed", 0), ("prefill_chunk", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -49,6 +52,10 @@ class EvalConfig:
     @property
     def new_tokens(self) -> int:
         return get_task(self.task).max_tokens if self.max_tokens is None else self.max_tokens
+
+    @property
+    def form(self) -> str:
+        return get_task(self.task).form if self.prompt_form is None else self.prompt_form
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class EvalResult:
     seed: int
     samples: tuple[SampleResult, ...]
     seconds: float
+    prompt_form: str = "chat"
 
     @property
     def correct(self) -> int:
@@ -84,20 +92,23 @@ class EvalResult:
     def to_dict(self) -> dict:
         return {"task": self.task, "context": self.context, "setting": self.setting.to_dict(),
                 "label": self.setting.label, "rows": self.rows, "max_tokens": self.max_tokens, "seed": self.seed,
+                "prompt_form": self.prompt_form,
                 "accuracy": self.accuracy, "correct": self.correct, "count": len(self.samples),
                 "seconds": round(self.seconds, 2), "samples": [asdict(s) for s in self.samples]}
 
 
-def as_prompt(gen: Generator, message: str):
-    """What `edgeattn generate --prompt` sends: a user message when the tokenizer has a chat template."""
+def as_prompt(gen: Generator, message: str, form: str = "chat"):
+    """chat: what `edgeattn generate --prompt` sends, a user message when the tokenizer has a chat template;
+    raw: the text as it is."""
     codec = gen.model.codec
-    return [{"role": "user", "content": message}] if codec is not None and codec.chat_template else message
+    chat = form == "chat" and codec is not None and codec.chat_template
+    return [{"role": "user", "content": message}] if chat else message
 
 
-def prompt_counter(gen: Generator) -> Counter:
+def prompt_counter(gen: Generator, form: str = "chat") -> Counter:
     if gen.model.codec is None:
         raise ConfigError("bundle: expected a decoder with a tokenizer (the tasks are text), found token ids only")
-    return lambda message: len(gen.prompt_ids(as_prompt(gen, message)))
+    return lambda message: len(gen.prompt_ids(as_prompt(gen, message, form)))
 
 
 def check_context(gen: Generator, context: int) -> None:
@@ -129,7 +140,7 @@ def evaluate(gen: Generator, samples: list[Sample], setting: AttentionSetting, m
     out, start = [], time.perf_counter()
     for sample in samples:
         began = time.perf_counter()
-        result = gen.generate(as_prompt(gen, sample.message), config, window=live)
+        result = gen.generate(as_prompt(gen, sample.message, sample.form), config, window=live)
         if result.evicted_prompt_tokens:  # check_context rules this out; a changed engine rule must not hide here
             raise ConfigError(f"sample {sample.index}: expected the whole prompt in the cache, found "
                               f"{result.evicted_prompt_tokens} tokens evicted")
@@ -145,10 +156,10 @@ def run_eval(gen: Generator, config: EvalConfig, *, progress: Progress | None = 
     check_context(gen, config.context)
     check_setting(gen, config.setting)  # a bad setting fails before the prompts are made
     start = time.perf_counter()
-    samples = make_samples(config.task, config.context, config.samples, prompt_counter(gen), seed=config.seed,
-                           max_tokens=config.new_tokens)
+    samples = make_samples(config.task, config.context, config.samples, prompt_counter(gen, config.form),
+                           seed=config.seed, max_tokens=config.new_tokens, form=config.form)
     results = evaluate(gen, samples, config.setting, config.new_tokens, prefill_chunk=config.prefill_chunk,
                        progress=progress)
     return EvalResult(config.task, config.context, config.setting,
                       config.setting.rows(gen.model.layout, config.context), config.new_tokens, config.seed,
-                      tuple(results), time.perf_counter() - start)
+                      tuple(results), time.perf_counter() - start, config.form)

@@ -21,7 +21,7 @@ from edgeattn.errors import ConfigError
 from edgeattn.evaluation.runner import (EvalConfig, EvalResult, Progress, check_context, check_setting, prompt_counter,
                                        run_eval)
 from edgeattn.evaluation.settings import DEFAULT_RECENT, KINDS, AttentionSetting
-from edgeattn.evaluation.tasks import get_task, make_sample
+from edgeattn.evaluation.tasks import check_form, get_task, make_sample
 from edgeattn.optional import require
 from edgeattn.runtime.generation.generator import Generator
 
@@ -42,10 +42,13 @@ class SweepConfig:
     seed: int = 0
     recent: float = DEFAULT_RECENT
     max_tokens: int | None = None
+    prompt_form: str | None = None  # chat or raw; None: each task's default
 
     def __post_init__(self) -> None:
         for task in self.tasks or ("",):
             get_task(task)
+        if self.prompt_form is not None:
+            check_form(self.prompt_form)
         _ints("contexts", self.contexts, 1)
         bad = [k for k in self.kinds if k not in KINDS]
         if not self.kinds or bad:
@@ -67,7 +70,8 @@ class SweepConfig:
         return out
 
     def runs(self) -> list[EvalConfig]:
-        return [EvalConfig(task, context, setting, self.samples, self.seed, self.max_tokens)
+        return [EvalConfig(task, context, setting, self.samples, self.seed, self.max_tokens,
+                           prompt_form=self.prompt_form)
                 for task in self.tasks for context in self.contexts for setting in self.settings(context)]
 
 
@@ -75,18 +79,18 @@ def run_sweep(gen: Generator, config: SweepConfig, out: Path, *, plot: Path | No
               progress: Progress | None = None, about: dict | None = None) -> list[EvalResult]:
     """Every run of the sweep in order; `out` (JSON) rewritten after each, `plot` drawn at the end."""
     runs = config.runs()
-    count = prompt_counter(gen)
     for run in runs:  # every bad context, setting or task size fails before the first sample
         check_context(gen, run.context)
         check_setting(gen, run.setting)
-    for task, context, tokens in {(r.task, r.context, r.new_tokens) for r in runs}:
-        make_sample(task, context, 0, count, seed=config.seed, max_tokens=tokens)
+    for task, context, tokens, form in {(r.task, r.context, r.new_tokens, r.form) for r in runs}:
+        make_sample(task, context, 0, prompt_counter(gen, form), seed=config.seed, max_tokens=tokens, form=form)
     header = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "nproc": os.cpu_count(),
               "load_before": [round(x, 2) for x in os.getloadavg()], "sinks": gen.model.layout.sinks,
               "window_max": gen.model.layout.window_max, **(about or {}),
               "config": {"tasks": list(config.tasks), "contexts": list(config.contexts), "kinds": list(config.kinds),
                          "divisors": list(config.divisors), "sizes": list(config.sizes), "samples": config.samples,
-                         "seed": config.seed, "recent": config.recent, "max_tokens": config.max_tokens}}
+                         "seed": config.seed, "recent": config.recent, "max_tokens": config.max_tokens,
+                         "prompt_form": config.prompt_form}}
     results: list[EvalResult] = []
     start = time.perf_counter()
     for i, run in enumerate(runs):
