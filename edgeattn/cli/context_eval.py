@@ -33,7 +33,7 @@ def context_options(f):
     f = run_options(f)
     for option in reversed((
         click.option("--task", help="Long-context task: passkey, multikey or vartrack."),
-        click.option("--context", type=int, help="Context in tokens: the prompt (chat template included) plus "
+        click.option("--context", type=int, help="Context in tokens: the prompt (as the model reads it) plus "
                                                  "the answer."),
         click.option("--window", type=int, help="Attention window W: the sinks and the last W tokens."),
         click.option("--budget", type=int, help="Attention budget N rows: the sinks, a recent window and the "
