@@ -2,8 +2,11 @@
 64, context 8,192 (and 1,024 at batch 1), windows full / 1024 / 256, per compile mode; Hugging Face `generate`
 with a static cache and the earlier TorchDecoderModel in the same run (generation_h200.decode_speed).
 
-    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused] [--parts ...]
-        [--smoke]
+    python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused,fused:nopdl]
+        [--parts correctness,speed,backend,prefill,parity,peers,fused,tiles,profile] [--smoke]
+
+A mode "fused:nopdl" is the fused step launched without programmatic dependent launch (EDGEATTN_PDL=0), for
+comparison in the same run; `--parts profile` lists each mode's kernels by GPU time (torch.profiler).
 
 `--parts fused` checks the fused step (hand-written Triton kernels) against the eager step on the 30-layer shape:
 logits and greedy tokens over 64 steps, a wrapping ring at a window below the ring, batch 4 with staggered streams.
@@ -169,6 +172,68 @@ def hf_parity(device, smoke, n_new=128):
     return rows
 
 
+class _pdl_off:
+    """EDGEATTN_PDL=0 inside the block when `on` (a mode "fused:nopdl": the fused step without programmatic dependent
+    launch, for the comparison in the same run)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on, self.saved = on, None
+
+    def __enter__(self):
+        if self.on:
+            self.saved = os.environ.get("EDGEATTN_PDL")
+            os.environ["EDGEATTN_PDL"] = "0"
+
+    def __exit__(self, *exc):
+        if self.on:
+            os.environ.pop("EDGEATTN_PDL")
+            if self.saved is not None:
+                os.environ["EDGEATTN_PDL"] = self.saved
+
+
+def profile_steps(device, smoke, modes):
+    """Where a step's GPU time goes: torch.profiler over 20 graph replays, per (batch, mode), the kernels by total
+    time (name, count a step, microseconds a step), context 8,192, W=1024."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out = []
+    for batch in (1, 64) if not smoke else (1,):
+        w = PackedDecoder.from_hf(model, sinks=4, window_max=8192)
+        keys, values = w.new_cache(batch)
+        for t in keys + values:
+            t.normal_()
+        ids, pos = torch.full((batch,), 5, dtype=torch.int64), torch.full((batch,), 8192, dtype=torch.int64)
+        splits = cached_decode_splits(batch * w.shape.kv_heads, 4, 1024, sms)
+        for mode in modes:
+            with _pdl_off(mode.endswith(":nopdl")):
+                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode.split(":")[0])
+                step(ids, pos, 1024)
+            n = 20
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(n):
+                    step.graph.replay()
+                torch.cuda.synchronize()
+            kernels = {}
+            for e in prof.events():
+                if e.device_type.name == "CUDA":
+                    k = kernels.setdefault(e.name[:90], [0, 0.0])
+                    k[0] += 1
+                    k[1] += e.device_time
+            top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:14]
+            row = {"batch": batch, "mode": mode, "kernels_per_step": sum(c for c, _ in kernels.values()) / n,
+                   "kernel_us_per_step": sum(t for _, t in kernels.values()) / n,
+                   "graph_replay_ms": replay_ms(step.graph),
+                   "top": [[name, c / n, t / n] for name, (c, t) in top]}
+            print("profile", json.dumps(row), flush=True)
+            out.append(row)
+            del step
+        del keys, values
+        torch.cuda.empty_cache()
+    return out
+
+
 def speed(device, smoke, modes):
     model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -188,8 +253,9 @@ def speed(device, smoke, modes):
                 if mode == "whole" and (batch, window) not in ((1, 256), (64, 1024)):
                     continue  # one compilation per split count: a few points only
                 t0 = time.perf_counter()
-                step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode)
-                step(ids, pos, window)
+                with _pdl_off(mode.endswith(":nopdl")):  # the launches are captured here, with or without PDL
+                    step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode.split(":")[0])
+                    step(ids, pos, window)
                 build_s = time.perf_counter() - t0
                 gpu = replay_ms(step.graph)
                 host = host_ms(step, ids, pos, window)
@@ -305,7 +371,8 @@ def main() -> None:
              "speed": lambda: speed(device, args.smoke, args.modes.split(",")),
              "backend": lambda: backend_steps(device, args.smoke),
              "prefill": lambda: prefill_ttft(device, args.smoke),
-             "peers": lambda: decode_speed(device, args.smoke)}
+             "peers": lambda: decode_speed(device, args.smoke),
+             "profile": lambda: profile_steps(device, args.smoke, args.modes.split(","))}
     for name in args.parts.split(","):
         t = time.perf_counter()
         try:

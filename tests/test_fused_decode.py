@@ -116,3 +116,80 @@ def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
         assert near_ties == 0 and worst < 1e-3, (near_ties, worst)
     else:
         assert near_ties <= 5 and worst < 3e-2, (near_ties, worst)
+
+
+@pytest.mark.gpu
+@needs_stack
+def test_dependent_launch_changes_no_bit_of_the_step_on_cuda(monkeypatch):
+    """The fused step launched as programmatic dependents (Hopper and newer) against the same step launched plainly
+    (EDGEATTN_PDL=0): the same kernels, so every logit is bit for bit the same; a kernel that read its input before
+    the one writing it had finished would differ here."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a CUDA GPU of compute capability 9.0 or newer (programmatic dependent launch)")
+    import transformers
+
+    from edgeattn.plugins.kernels.dependent_launch import dependent_launch
+    from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    weights = PackedDecoder.from_hf(model, sinks=4, window_max=512)
+    tokens = torch.randint(0, 4096, (4, 40), device="cuda")
+    k1, v1 = weights.new_cache(4)
+    k2, v2 = weights.new_cache(4)
+    for t in (k1, v1):
+        for c in t:
+            c.normal_()
+    for a, b in zip(k1 + v1, k2 + v2):
+        b.copy_(a)
+    assert dependent_launch(torch.device("cuda"))
+    with_pdl = DecodeGraph(weights, k1, v1, batch=4, compile="fused", greedy=False)
+    monkeypatch.setenv("EDGEATTN_PDL", "0")
+    assert not dependent_launch(torch.device("cuda"))
+    plain = DecodeGraph(weights, k2, v2, batch=4, compile="fused", greedy=False)
+    plain(tokens[:, 0], torch.tensor([600, 7, 300, 1], device="cuda"), 0)  # captured without the attribute
+    monkeypatch.delenv("EDGEATTN_PDL")
+    with torch.no_grad():
+        for p in range(40):
+            pos = torch.tensor([600 + p, 7 + p, 300 + p, 1 + p], device="cuda")
+            for window in (0, 128):
+                a = with_pdl(tokens[:, p], pos, window).clone()
+                b = plain(tokens[:, p], pos, window).clone()
+                assert torch.equal(a, b), (p, window, float((a.float() - b.float()).abs().max()))
+    for a, b in zip(k1 + v1, k2 + v2):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.triton
+def test_dependent_launch_fetches_weights_before_it_waits_and_only_on_hopper():
+    """sm_90 builds of each fused kernel with USE_PDL: the weight prefetch comes before the wait for the kernel
+    before; the ahead-of-time builds (plain launches, also for Orin's sm_87) hold no grid-dependency instruction;
+    the host turns it off for CPU tensors and with EDGEATTN_PDL=0."""
+    torch = pytest.importorskip("torch")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile as triton_compile
+
+    from edgeattn.plugins.kernels import fused_decode as fk
+    from edgeattn.plugins.kernels.dependent_launch import dependent_launch
+
+    for kind in fk.AOT_KINDS:
+        fn, const, warps, _, _, types = fk.aot_kernel(kind, "*bf16", 64, 576)
+        assert const["USE_PDL"] is False
+        for use_pdl, arch in ((False, 87), (True, 90)):
+            c = dict(const, USE_PDL=use_pdl)
+            if "PF_LINES" in c:
+                c["PF_LINES"] = 128
+            sig = {n: ("constexpr" if n in c else types[n]) for n in fn.arg_names}
+            ptx = triton_compile(ASTSource(fn, sig, c), target=GPUTarget("cuda", arch, 32),
+                                 options={"num_warps": warps}).asm["ptx"]
+            wait = ptx.find("griddepcontrol.wait")
+            if not use_pdl:
+                assert wait < 0 and "prefetch.global.L2" not in ptx, kind
+                continue
+            assert 0 <= wait < ptx.find("griddepcontrol.launch_dependents"), kind
+            if kind != "fused_argmax":  # the argmax reads no weights
+                assert 0 <= ptx.find("prefetch.global.L2") < wait, kind
+    assert not dependent_launch(torch.device("cpu"))

@@ -236,6 +236,8 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
         const["sinks"] = variant.sinks
     if variant.scale is not None and "sm_scale" in fn.arg_names:
         const["sm_scale"] = variant.scale
+    if "USE_PDL" in fn.arg_names:  # ahead of time: plain launches (the AOT launcher sets no launch attributes)
+        const.setdefault("USE_PDL", False)
     signature, params = {}, []
     fused = _fused_types(variant)
     for name in fn.arg_names:

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG, attend_blocks, effective_window
+from edgeattn.plugins.kernels.dependent_launch import dependent_start
 from edgeattn.plugins.kernels.launch import last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, decode_splits
 
@@ -92,10 +93,11 @@ def _windowed_decode_reduce_kernel(
     stride_ob, stride_oh, stride_om,
     H_kv, GROUP, S_q,
     Out,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     # one program per (b, kv head, row); combines the SPLITS partial softmaxes of that row
-    # grid (B * H_kv, GROUP * S_q); out: [B, H, S_q, D]
+    # grid (B * H_kv, GROUP * S_q); out: [B, H, S_q, D]; USE_PDL: a programmatic dependent (dependent_launch.py)
+    dependent_start(USE_PDL)
     pid_bh = tl.program_id(0)
     r = tl.program_id(1)
     b = (pid_bh // H_kv).to(tl.int64)

@@ -31,10 +31,12 @@ the ahead-of-time specs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 import triton.language as tl
+
+from edgeattn.plugins.kernels.dependent_launch import dependent_launch, dependent_start, lines_of, prefetch_l2
 
 LOG2E_F = 1.4426950408889634  # 1/ln 2 (host side)
 
@@ -128,7 +130,7 @@ def _qkv_rope_kernel(
     B, stride_x, H, H_kv, sinks, wmax, stride_cb, stride_ch, stride_cn, eps, rope_scale,
     K: tl.constexpr, HEAD_DIM: tl.constexpr, PAIRS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
     FROM_IDS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_QK_NORM: tl.constexpr, IEEE: tl.constexpr,
-    GEMV: tl.constexpr,
+    GEMV: tl.constexpr, USE_PDL: tl.constexpr, LINE: tl.constexpr, PF_LINES: tl.constexpr,
 ):
     # x: [B, K] (FROM_IDS: the embedding table [V, K], rows ids[b]); w: [(H + 2 H_kv) * D, K]; q, qs: [B, H, D];
     # kc, vc: [B', H_kv, C, D]; pos: [B] int64 (tokens before this one); window: [] int64 (<= 0: the whole ring)
@@ -138,6 +140,11 @@ def _qkv_rope_kernel(
     PER_HEAD: tl.constexpr = HALF // PAIRS
     j = tl.program_id(0) // PER_HEAD
     d = (tl.program_id(0) % PER_HEAD) * PAIRS + tl.arange(0, PAIRS)  # d: [P], the pairs' first indices
+    if USE_PDL:  # this program's weight rows (the pairs' two halves) into L2 while the kernel before finishes
+        r0 = (j * HEAD_DIM + (tl.program_id(0) % PER_HEAD) * PAIRS).to(tl.int64)
+        prefetch_l2(W + r0 * K, PAIRS * K, LINE, PF_LINES)
+        prefetch_l2(W + (r0 + HALF) * K, PAIRS * K, LINE, PF_LINES)
+    dependent_start(USE_PDL)
     bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = bs < B
     if FROM_IDS:
@@ -200,9 +207,13 @@ def _qkv_rope_kernel(
 def _linear_residual_kernel(
     X, W, Hres, B, N, stride_x,
     K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    GEMV: tl.constexpr,
+    GEMV: tl.constexpr, USE_PDL: tl.constexpr, LINE: tl.constexpr, PF_LINES: tl.constexpr,
 ):
     # x: [B, K]; w: [N, K]; h: [B, N], updated in place: h += round(x @ w^T); grid (cdiv(N, BLOCK_N), cdiv(B, BLOCK_B))
+    if USE_PDL:
+        n0 = tl.program_id(0) * BLOCK_N
+        prefetch_l2(W + n0.to(tl.int64) * K, tl.minimum(BLOCK_N, N - n0) * K, LINE, PF_LINES)
+    dependent_start(USE_PDL)
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok, n_ok = bs < B, ns < N
@@ -220,10 +231,16 @@ def _linear_residual_kernel(
 def _gate_up_kernel(
     X, LnW, W, Act, B, N, eps,
     K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    GEMV: tl.constexpr,
+    GEMV: tl.constexpr, USE_PDL: tl.constexpr, LINE: tl.constexpr, PF_LINES: tl.constexpr,
 ):
     # x: [B, K] (h); w: [2 N, K] (gate rows, then up rows); act: [B, N] = silu(gate) * up
     # grid (cdiv(N, BLOCK_N), cdiv(B, BLOCK_B))
+    if USE_PDL:
+        n0 = tl.program_id(0) * BLOCK_N
+        rows = tl.minimum(BLOCK_N, N - n0) * K
+        prefetch_l2(W + n0.to(tl.int64) * K, rows, LINE, PF_LINES)
+        prefetch_l2(W + (n0 + N).to(tl.int64) * K, rows, LINE, PF_LINES)
+    dependent_start(USE_PDL)
     ns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok, n_ok = bs < B, ns < N
@@ -241,11 +258,15 @@ def _gate_up_kernel(
 def _lm_head_kernel(
     X, LnW, W, Logits, PartV, PartI, B, V, eps, n_blocks,
     K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    GEMV: tl.constexpr,
+    GEMV: tl.constexpr, USE_PDL: tl.constexpr, LINE: tl.constexpr, PF_LINES: tl.constexpr,
 ):
     # x: [B, K] (h); w: [V, K]; logits: [B, V]; part_v, part_i: [B, n_blocks] (each block's largest logit and its
     # first index); grid (n_blocks, cdiv(B, BLOCK_B))
     pid_n = tl.program_id(0)
+    if USE_PDL:
+        prefetch_l2(W + (pid_n * BLOCK_N).to(tl.int64) * K, tl.minimum(BLOCK_N, V - pid_n * BLOCK_N) * K, LINE,
+                    PF_LINES)
+    dependent_start(USE_PDL)
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok, n_ok = bs < B, ns < V
@@ -263,8 +284,9 @@ def _lm_head_kernel(
 
 
 @triton.jit
-def _argmax_kernel(PartV, PartI, Out, n_blocks, BLOCK: tl.constexpr):
+def _argmax_kernel(PartV, PartI, Out, n_blocks, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     # part_v, part_i: [B, n_blocks]; out: [B] int64, the first index of the largest logit; grid (B,)
+    dependent_start(USE_PDL)
     b = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     live = offs < n_blocks
@@ -279,7 +301,8 @@ class FusedTiles:
     """Tiles of one batch bucket. gemv: one stream a program (block_b 1), elementwise products with unrolled loads;
     else tl.dot tiles of block_b streams. block_n_*: output rows a program makes of the hidden-sized products (o,
     down), of the gate/up product and of the LM head; block_k: the reduction step; pairs: rotation pairs (d, d + D/2)
-    a Q/K/V program makes (0: the whole head); warps: num_warps of the product kernels."""
+    a Q/K/V program makes (0: the whole head); warps: num_warps of the product kernels; pdl: launch each kernel as a
+    programmatic dependent of the one before (Hopper and newer), its weights fetched into L2 before it waits."""
 
     gemv: bool
     block_b: int
@@ -289,6 +312,7 @@ class FusedTiles:
     block_k: int = 64
     pairs: int = 0
     warps: int = 4
+    pdl: bool = False  # programmatic dependent launch (dependent_launch.py): set per device by with_device
 
     def __post_init__(self) -> None:
         smallest = 1 if self.gemv else 16  # tl.dot's smallest tile side
@@ -317,9 +341,21 @@ FUSED_TILES: tuple[tuple[int, FusedTiles], ...] = (
 )
 
 
-def fused_tiles(batch: int) -> FusedTiles:
-    """The tiles of the batch bucket serving `batch` streams (FUSED_TILES)."""
-    return next(tiles for most, tiles in FUSED_TILES if batch <= most)
+def fused_tiles(batch: int, device=None) -> FusedTiles:
+    """The tiles of the batch bucket serving `batch` streams (FUSED_TILES), with programmatic dependent launch where
+    `device` supports it (dependent_launch.dependent_launch)."""
+    tiles = next(tiles for most, tiles in FUSED_TILES if batch <= most)
+    return replace(tiles, pdl=True) if device is not None and dependent_launch(device) else tiles
+
+
+def _pdl(tiles: FusedTiles, w, rows: int, k: int) -> dict:
+    """The dependent-launch arguments of one product kernel: USE_PDL, the prefetch of `rows` weight rows of k
+    elements, and the launch attribute itself (only when on: the interpreter knows no such option)."""
+    line, lines = lines_of(rows * k, w.element_size())
+    args = dict(USE_PDL=tiles.pdl, LINE=line, PF_LINES=lines)
+    if tiles.pdl:
+        args["launch_pdl"] = True
+    return args
 
 
 def _ieee(t) -> bool:
@@ -349,7 +385,7 @@ def qkv_rope(x, ids, h_out, ln, wqkv, bias, qn, kn, inv_freq, positions, window,
         k_cache.stride(2), float(eps), float(rope_scale),
         K=x.shape[1], HEAD_DIM=d, PAIRS=pairs, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, FROM_IDS=from_ids,
         HAS_BIAS=bias is not None, HAS_QK_NORM=qn is not None, IEEE=_ieee(wqkv), GEMV=tiles.gemv,
-        num_warps=tiles.warps,
+        num_warps=tiles.warps, **_pdl(tiles, wqkv, pairs, x.shape[1]),
     )
 
 
@@ -360,7 +396,7 @@ def linear_residual(x, w, h, *, tiles: FusedTiles) -> None:
     grid = (_cdiv(n, tiles.block_n_hidden), _cdiv(b, tiles.block_b))
     _linear_residual_kernel[grid](x, w, h, b, n, x.stride(0), K=k, BLOCK_B=tiles.block_b,
                                   BLOCK_N=tiles.block_n_hidden, BLOCK_K=tiles.block_k, IEEE=_ieee(w),
-                                  GEMV=tiles.gemv, num_warps=tiles.warps)
+                                  GEMV=tiles.gemv, num_warps=tiles.warps, **_pdl(tiles, w, tiles.block_n_hidden, k))
 
 
 def gate_up(h, ln, wgu, act, *, eps: float, tiles: FusedTiles) -> None:
@@ -370,7 +406,7 @@ def gate_up(h, ln, wgu, act, *, eps: float, tiles: FusedTiles) -> None:
     grid = (_cdiv(n, tiles.block_n_inter), _cdiv(b, tiles.block_b))
     _gate_up_kernel[grid](h, ln, wgu, act, b, n, float(eps), K=k, BLOCK_B=tiles.block_b,
                           BLOCK_N=tiles.block_n_inter, BLOCK_K=tiles.block_k, IEEE=_ieee(wgu), GEMV=tiles.gemv,
-                          num_warps=tiles.warps)
+                          num_warps=tiles.warps, **_pdl(tiles, wgu, tiles.block_n_inter, k))
 
 
 def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
@@ -386,11 +422,14 @@ def lm_head(h, ln, w, *, eps: float, tiles: FusedTiles, greedy: bool):
     part_i = torch.empty((b, n_blocks), device=h.device, dtype=torch.int32)
     _lm_head_kernel[(n_blocks, _cdiv(b, tiles.block_b))](
         h, ln, w, logits, part_v, part_i, b, v, float(eps), n_blocks, K=k, BLOCK_B=tiles.block_b,
-        BLOCK_N=tiles.block_n_vocab, BLOCK_K=tiles.block_k, IEEE=_ieee(w), GEMV=tiles.gemv, num_warps=tiles.warps)
+        BLOCK_N=tiles.block_n_vocab, BLOCK_K=tiles.block_k, IEEE=_ieee(w), GEMV=tiles.gemv, num_warps=tiles.warps,
+        **_pdl(tiles, w, tiles.block_n_vocab, k))
     if not greedy:
         return logits
     out = torch.empty((b,), device=h.device, dtype=torch.int64)
-    _argmax_kernel[(b,)](part_v, part_i, out, n_blocks, BLOCK=max(16, triton.next_power_of_2(n_blocks)))
+    extra = {"launch_pdl": True} if tiles.pdl else {}
+    _argmax_kernel[(b,)](part_v, part_i, out, n_blocks, BLOCK=max(16, triton.next_power_of_2(n_blocks)),
+                         USE_PDL=tiles.pdl, **extra)
     return out
 
 
@@ -408,7 +447,8 @@ def aot_kernel(kind: str, dtype: str, head_dim: int, features: int):
     features: what the product reduces over, a compile-time shape (the hidden size; the down projection's: the
     intermediate size; the argmax's: the vocabulary). dtype: the model's, as a Triton pointer type ("*bf16")."""
     tiles = FUSED_TILES[0][1]
-    common = dict(K=features, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, IEEE=False, GEMV=tiles.gemv)
+    common = dict(K=features, BLOCK_B=tiles.block_b, BLOCK_K=tiles.block_k, IEEE=False, GEMV=tiles.gemv,
+                  USE_PDL=False, LINE=64, PF_LINES=1)  # ahead of time: plain launches (the AOT launcher's)
     scalars = {"eps": "fp32", "rope_scale": "fp32"}
     if kind in ("fused_embed_qkv_rope", "fused_qkv_rope"):
         pairs = min(tiles.pairs or head_dim // 2, head_dim // 2)
@@ -425,7 +465,7 @@ def aot_kernel(kind: str, dtype: str, head_dim: int, features: int):
         const = dict(common, BLOCK_N=tiles.block_n_vocab)
         fn, grid = _lm_head_kernel, f"(cdiv(V, {tiles.block_n_vocab}), B, 1)"
     elif kind == "fused_argmax":
-        const = dict(BLOCK=max(16, triton.next_power_of_2(_cdiv(features, tiles.block_n_vocab))))
+        const = dict(BLOCK=max(16, triton.next_power_of_2(_cdiv(features, tiles.block_n_vocab))), USE_PDL=False)
         fn, grid = _argmax_kernel, "(B, 1, 1)"
     else:
         raise ValueError(f"fused kernel kind: expected one of {AOT_KINDS}, found {kind!r}")

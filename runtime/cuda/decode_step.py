@@ -269,7 +269,7 @@ def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits:
 
     s, t, b = w.shape, w.t, ids.shape[0]
     ids, positions = ids.contiguous(), positions.contiguous()  # the kernels index them as [B]
-    tiles = fk.fused_tiles(b)
+    tiles = fk.fused_tiles(b, ids.device)  # with programmatic dependent launch on Hopper and newer
     if not tiles.gemv and s.head_dim < 32:  # tl.dot tiles hold half a head, and want >= 16 rows
         raise ModelError(f"fused decode step: expected a head_dim >= 32 for a batch above {FUSED_MAX_BATCH}, "
                          f"found {s.head_dim}")
@@ -283,7 +283,7 @@ def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits:
                     kv_heads=s.kv_heads, sinks=s.sinks, eps=s.eps, rope_scale=w.rope_scaling, tiles=tiles,
                     from_ids=i == 0)
         o = cached_decode(q[:, :, None], q_s[:, :, None], keys[i][:b], values[i][:b], positions, window,
-                          sinks=s.sinks, scale=s.scale, splits=splits or None)  # o: [B, H, 1, D]
+                          sinks=s.sinks, scale=s.scale, splits=splits or None, pdl=tiles.pdl)  # o: [B, H, 1, D]
         fk.linear_residual(o.view(b, -1), t["wo"][i], h, tiles=tiles)
         fk.gate_up(h, t["ln2"][i], t["wgu"][i], act, eps=s.eps, tiles=tiles)
         fk.linear_residual(act, t["wd"][i], h, tiles=tiles)
