@@ -5,8 +5,9 @@ with a static cache and the earlier TorchDecoderModel in the same run (generatio
     python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused,fused:nopdl]
         [--parts correctness,speed,backend,prefill,parity,peers,fused,tiles,profile] [--smoke]
 
-A mode "fused:nopdl" is the fused step launched without programmatic dependent launch (EDGEATTN_PDL=0), for
-comparison in the same run; `--parts profile` lists each mode's kernels by GPU time (torch.profiler).
+Mode suffixes turn one change of the fused step off for comparison in the same run: ":nopdl" (no programmatic
+dependent launch, EDGEATTN_PDL=0), ":reduce" (split attention merged by a reduce kernel, EDGEATTN_SPLIT_MERGE=kernel);
+`--parts profile` lists each mode's kernels by GPU time (torch.profiler).
 
 `--parts fused` checks the fused step (hand-written Triton kernels) against the eager step on the 30-layer shape:
 logits and greedy tokens over 64 steps, a wrapping ring at a window below the ring, batch 4 with staggered streams.
@@ -172,23 +173,28 @@ def hf_parity(device, smoke, n_new=128):
     return rows
 
 
-class _pdl_off:
-    """EDGEATTN_PDL=0 inside the block when `on` (a mode "fused:nopdl": the fused step without programmatic dependent
-    launch, for the comparison in the same run)."""
+class _mode_env:
+    """The environment a mode's suffixes ask for while its graph is captured: ":nopdl" launches without programmatic
+    dependent launch (EDGEATTN_PDL=0), ":reduce" merges split attention in a reduce kernel instead of the last split
+    program (EDGEATTN_SPLIT_MERGE=kernel); "fused:nopdl:reduce" is the fused step as it was before either."""
 
-    def __init__(self, on: bool) -> None:
-        self.on, self.saved = on, None
+    FLAGS = {"nopdl": ("EDGEATTN_PDL", "0"), "reduce": ("EDGEATTN_SPLIT_MERGE", "kernel")}
+
+    def __init__(self, mode: str) -> None:
+        self.set = dict(self.FLAGS[f] for f in mode.split(":")[1:])
+        self.saved = {}
 
     def __enter__(self):
-        if self.on:
-            self.saved = os.environ.get("EDGEATTN_PDL")
-            os.environ["EDGEATTN_PDL"] = "0"
+        for k, v in self.set.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
 
     def __exit__(self, *exc):
-        if self.on:
-            os.environ.pop("EDGEATTN_PDL")
-            if self.saved is not None:
-                os.environ["EDGEATTN_PDL"] = self.saved
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def profile_steps(device, smoke, modes):
@@ -207,7 +213,7 @@ def profile_steps(device, smoke, modes):
         ids, pos = torch.full((batch,), 5, dtype=torch.int64), torch.full((batch,), 8192, dtype=torch.int64)
         splits = cached_decode_splits(batch * w.shape.kv_heads, 4, 1024, sms)
         for mode in modes:
-            with _pdl_off(mode.endswith(":nopdl")):
+            with _mode_env(mode):
                 step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode.split(":")[0])
                 step(ids, pos, 1024)
             n = 20
@@ -253,7 +259,7 @@ def speed(device, smoke, modes):
                 if mode == "whole" and (batch, window) not in ((1, 256), (64, 1024)):
                     continue  # one compilation per split count: a few points only
                 t0 = time.perf_counter()
-                with _pdl_off(mode.endswith(":nopdl")):  # the launches are captured here, with or without PDL
+                with _mode_env(mode):  # the launches are captured here, with or without PDL
                     step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode.split(":")[0])
                     step(ids, pos, window)
                 build_s = time.perf_counter() - t0

@@ -1,5 +1,6 @@
 """Run in its own process with TRITON_INTERPRET=1 (tests/test_generation_torch.py): the cached decode kernel
-against the float64 reference, and the CUDA-path generator (kernels interpreted on the CPU) against Hugging Face
+against the float64 reference (its split partials merged by a reduce kernel or by the last split program), and the
+CUDA-path generator (kernels interpreted on the CPU) against Hugging Face
 `generate`. Prints one JSON object."""
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ for sinks, wmax, window, positions in [(2, 40, 0, [0, 5, 57]), (4, 40, 7, [3, 30
     for splits in (None, 1, 4):  # the split count from the ring; one split (no reduce kernel); forced 4
         got = cached_decode(q, qs, kc, vc, pos, torch.tensor(window), sinks=sinks, splits=splits)
         out[f"kernel:{sinks}-{wmax}-{window}-{splits}"] = float(np.abs(got.float().numpy() - want).max())
+    # forced 4 splits merged by the last split program of each kv head (a counter left zeros for the next use)
+    counter = torch.zeros(b * h_kv, dtype=torch.int32)
+    got = cached_decode(q, qs, kc, vc, pos, torch.tensor(window), sinks=sinks, splits=4, counter=counter)
+    out[f"kernel:{sinks}-{wmax}-{window}-4-merged"] = float(np.abs(got.float().numpy() - want).max())
+    out[f"counter:{sinks}-{wmax}-{window}"] = counter.tolist()
 
 model, tok = tiny_llama()
 ids = tok("The window shrinks as the device heats up, and", add_special_tokens=False).input_ids

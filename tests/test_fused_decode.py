@@ -121,9 +121,10 @@ def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
 @pytest.mark.gpu
 @needs_stack
 def test_dependent_launch_changes_no_bit_of_the_step_on_cuda(monkeypatch):
-    """The fused step launched as programmatic dependents (Hopper and newer) against the same step launched plainly
-    (EDGEATTN_PDL=0): the same kernels, so every logit is bit for bit the same; a kernel that read its input before
-    the one writing it had finished would differ here."""
+    """The fused step launched as programmatic dependents (Hopper and newer), its split attention merged by the last
+    split program, against the same step launched plainly (EDGEATTN_PDL=0) with the reduce kernel
+    (EDGEATTN_SPLIT_MERGE=kernel): the same arithmetic, so every logit is bit for bit the same; a kernel that read
+    its input before the one writing it had finished, or a merge before every split had stored, would differ."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs a CUDA GPU of compute capability 9.0 or newer (programmatic dependent launch)")
@@ -148,10 +149,12 @@ def test_dependent_launch_changes_no_bit_of_the_step_on_cuda(monkeypatch):
     assert dependent_launch(torch.device("cuda"))
     with_pdl = DecodeGraph(weights, k1, v1, batch=4, compile="fused", greedy=False)
     monkeypatch.setenv("EDGEATTN_PDL", "0")
+    monkeypatch.setenv("EDGEATTN_SPLIT_MERGE", "kernel")
     assert not dependent_launch(torch.device("cuda"))
     plain = DecodeGraph(weights, k2, v2, batch=4, compile="fused", greedy=False)
     plain(tokens[:, 0], torch.tensor([600, 7, 300, 1], device="cuda"), 0)  # captured without the attribute
     monkeypatch.delenv("EDGEATTN_PDL")
+    monkeypatch.delenv("EDGEATTN_SPLIT_MERGE")
     with torch.no_grad():
         for p in range(40):
             pos = torch.tensor([600 + p, 7 + p, 300 + p, 1 + p], device="cuda")

@@ -238,6 +238,9 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
         const["sm_scale"] = variant.scale
     if "USE_PDL" in fn.arg_names:  # ahead of time: plain launches (the AOT launcher sets no launch attributes)
         const.setdefault("USE_PDL", False)
+    if "LAST_MERGES" in fn.arg_names:  # the reduce kernel merges the splits ahead of time
+        const.setdefault("LAST_MERGES", False)
+        const.setdefault("Counter", None)
     signature, params = {}, []
     fused = _fused_types(variant)
     for name in fn.arg_names:

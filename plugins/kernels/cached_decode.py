@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG
-from edgeattn.plugins.kernels.decode import _windowed_decode_reduce_kernel
-from edgeattn.plugins.kernels.launch import last_dim_contiguous
+from edgeattn.plugins.kernels.decode import _windowed_decode_reduce_kernel, merge_splits
 from edgeattn.plugins.kernels.dependent_launch import dependent_start
+from edgeattn.plugins.kernels.launch import last_dim_contiguous
 from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, decode_splits
 
 INTERPRETER_SMS = 4
@@ -55,13 +55,15 @@ def _cached_decode_split_kernel(
     H_kv, GROUP, C, sinks, sm_scale,
     PartO, PartM, PartL, Out, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, Counter=None, LAST_MERGES: tl.constexpr = False,
 ):
     # q, q_sink: [B, H, 1, D]; k, v: [B, H_kv, C, D] (the new token already written); pos: [B] int64 (tokens
     # before this one); window: [] int64 (0 or > C - sinks: the whole ring)
     # part_o: [B*H_kv, SPLITS, BLOCK_M, D] fp32; part_m, part_l: [B*H_kv, SPLITS, BLOCK_M]; grid (SPLITS, B*H_kv)
     # SPLITS == 1: no partials, the program writes out [B, H, 1, D] itself (one launch instead of two)
     # USE_PDL: launched as a programmatic dependent of the kernel that wrote q and the new rows (dependent_launch.py)
+    # LAST_MERGES (SPLITS > 1): the last split program of each (b, kv head) to finish merges the partials itself
+    # (counter: [B*H_kv] int32, zeros, left zeros), so no reduce kernel is launched
     dependent_start(USE_PDL)
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -109,6 +111,16 @@ def _cached_decode_split_kernel(
         tl.store(PartO + (part + r[:, None]) * HEAD_DIM + offs_d[None, :], acc)
         tl.store(PartM + part + r, m_i)
         tl.store(PartL + part + r, l_i)
+        if LAST_MERGES:
+            tl.debug_barrier()  # every thread's partials stored before the count says so
+            done = tl.atomic_add(Counter + pid_bh, 1, sem="acq_rel")
+            if done == SPLITS - 1:  # the others' partials are visible (acquire): merge, as the reduce kernel does
+                s = tl.arange(0, SPLITS)
+                for g in range(GROUP):
+                    o = merge_splits(PartO, PartM, PartL, (pid_bh.to(tl.int64) * SPLITS + s) * BLOCK_M + g,
+                                     offs_d, HEAD_DIM, True)
+                    tl.store(Out + b * stride_ob + (hk * GROUP + g) * stride_oh + offs_d, o.to(Out.dtype.element_ty))
+                tl.atomic_xchg(Counter + pid_bh, 0, sem="relaxed")  # ready for the next layer and step
 
 
 MIN_BLOCKS_PER_SPLIT = 4  # below this a split's work is shorter than the launch of the reduce kernel
@@ -124,12 +136,13 @@ def cached_decode_splits(batch_kv_heads: int, sinks: int, window_keys: int, sms:
 
 
 def cached_decode(q, q_sink, k_cache, v_cache, positions, window, *, sinks: int, scale: float = 0.0,
-                  window_keys: int | None = None, splits: int | None = None, pdl: bool = False):
+                  window_keys: int | None = None, splits: int | None = None, pdl: bool = False, counter=None):
     """q, q_sink: [B, H, 1, D]; k_cache, v_cache: [B, H_kv, C, D] holding the new token at its row; positions:
     [B] int64 (tokens before the new one); window: [] int64 tensor on the device. window_keys: the ring rows the
     live window reads at most (the host's min(W, longest stream)); it sizes the split count (default: the ring).
-    pdl: launch both kernels as programmatic dependents (Hopper and newer; dependent_launch.py). Returns
-    [B, H, 1, D]."""
+    pdl: launch both kernels as programmatic dependents (Hopper and newer; dependent_launch.py). counter: [>= B*H_kv]
+    int32 zeros on the device (left zeros): the last split program of each kv head merges the partials, one launch
+    instead of two (a decode step passes one counter to all its layers). Returns [B, H, 1, D]."""
     import torch
 
     q, q_sink, k_cache, v_cache = (last_dim_contiguous(t) for t in (q, q_sink, k_cache, v_cache))
@@ -148,15 +161,16 @@ def cached_decode(q, q_sink, k_cache, v_cache, positions, window, *, sinks: int,
     part_l = torch.empty_like(part_m)
     out = torch.empty_like(q)  # out: [B, H, 1, D]
     dependent = {"USE_PDL": True, "launch_pdl": True} if pdl else {}
+    merges = counter is not None and n_split > 1
     _cached_decode_split_kernel[(n_split, b * h_kv)](
         q, q_sink, k_cache, v_cache, positions, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2),
         h_kv, group, c, int(sinks), float(scale or d ** -0.5),
         part_o, part_m, part_l, out, out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, SPLITS=n_split, num_warps=4, num_stages=2,
-        **dependent,
+        **dependent, **({"Counter": counter, "LAST_MERGES": True} if merges else {}),
     )
-    if n_split == 1:
+    if n_split == 1 or merges:
         return out
     _windowed_decode_reduce_kernel[(b * h_kv, group)](
         part_o, part_m, part_l, out.stride(0), out.stride(1), out.stride(2), h_kv, group, 1, out,

@@ -88,6 +88,26 @@ def _windowed_decode_split_kernel(
 
 
 @triton.jit
+def merge_splits(PartO, PartM, PartL, part, offs_d, HEAD_DIM: tl.constexpr, FRESH: tl.constexpr):
+    """One row's attention output [D] (float32) from its SPLITS partial softmaxes at offsets part [SPLITS] (rows of
+    PartO [*, D], PartM, PartL; m in the log2 domain). FRESH: read around L1 (partials another program of the
+    same launch has just written)."""
+    if FRESH:
+        m = tl.load(PartM + part, cache_modifier=".cg")
+        l = tl.load(PartL + part, cache_modifier=".cg")
+        o = tl.load(PartO + part[:, None] * HEAD_DIM + offs_d[None, :], cache_modifier=".cg")
+    else:
+        m = tl.load(PartM + part)  # m, l: [SPLITS]
+        l = tl.load(PartL + part)
+        o = tl.load(PartO + part[:, None] * HEAD_DIM + offs_d[None, :])  # o: [SPLITS, D]
+    m_all = tl.max(m, 0)
+    w = tl.math.exp2(m - m_all)
+    l_all = tl.sum(l * w, 0)
+    acc = tl.sum(o * w[:, None], 0)
+    return acc / tl.where(l_all > 0, l_all, 1.0)  # a row with no attended key -> zeros
+
+
+@triton.jit
 def _windowed_decode_reduce_kernel(
     PartO, PartM, PartL,
     stride_ob, stride_oh, stride_om,
@@ -105,14 +125,7 @@ def _windowed_decode_reduce_kernel(
     s = tl.arange(0, SPLITS)
     offs_d = tl.arange(0, HEAD_DIM)
     part = (pid_bh.to(tl.int64) * SPLITS + s) * BLOCK_M + r  # [SPLITS]
-    m = tl.load(PartM + part)  # m, l: [SPLITS] (m in the log2 domain)
-    l = tl.load(PartL + part)
-    o = tl.load(PartO + part[:, None] * HEAD_DIM + offs_d[None, :])  # o: [SPLITS, D]
-    m_all = tl.max(m, 0)
-    w = tl.math.exp2(m - m_all)
-    l_all = tl.sum(l * w, 0)
-    acc = tl.sum(o * w[:, None], 0)
-    out = acc / tl.where(l_all > 0, l_all, 1.0)  # a row with no attended key -> zeros
+    out = merge_splits(PartO, PartM, PartL, part, offs_d, HEAD_DIM, False)
     head = hk * GROUP + r // S_q
     qi = r % S_q
     tl.store(Out + b * stride_ob + head * stride_oh + qi * stride_om + offs_d, out.to(Out.dtype.element_ty))

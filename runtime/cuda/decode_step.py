@@ -17,6 +17,8 @@ device scalar: changing it needs no new capture while the split count stays.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from edgeattn.errors import ModelError
@@ -277,13 +279,17 @@ def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits:
     h, act = new(b, s.hidden), new(b, s.intermediate)  # h: the residual stream [B, hidden]
     q, q_s = new(b, s.heads, s.head_dim), new(b, s.heads, s.head_dim)  # q, q_s: [B, H, D]
     inv_freq = w.inv_freq.to(device=ids.device, dtype=torch.float32).contiguous()
+    # split attention: the last split program of a kv head merges the partials (one counter for every layer)
+    counter = torch.zeros(b * s.kv_heads, dtype=torch.int32, device=ids.device) \
+        if os.environ.get("EDGEATTN_SPLIT_MERGE", "last") == "last" else None
     for i in range(s.layers):
         fk.qkv_rope(t["embed"] if i == 0 else h, ids, h, t["ln1"][i], t["wqkv"][i], t["bqkv"][i], t["qn"][i],
                     t["kn"][i], inv_freq, positions, window, q, q_s, keys[i], values[i], heads=s.heads,
                     kv_heads=s.kv_heads, sinks=s.sinks, eps=s.eps, rope_scale=w.rope_scaling, tiles=tiles,
                     from_ids=i == 0)
         o = cached_decode(q[:, :, None], q_s[:, :, None], keys[i][:b], values[i][:b], positions, window,
-                          sinks=s.sinks, scale=s.scale, splits=splits or None, pdl=tiles.pdl)  # o: [B, H, 1, D]
+                          sinks=s.sinks, scale=s.scale, splits=splits or None, pdl=tiles.pdl,
+                          counter=counter)  # o: [B, H, 1, D]
         fk.linear_residual(o.view(b, -1), t["wo"][i], h, tiles=tiles)
         fk.gate_up(h, t["ln2"][i], t["wgu"][i], act, eps=s.eps, tiles=tiles)
         fk.linear_residual(act, t["wd"][i], h, tiles=tiles)
