@@ -123,9 +123,13 @@ def tile_sweep(device, smoke):
     model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     table, rows = fk.FUSED_TILES, []
-    for batch, changes in ((1, [{}, {"block_n_hidden": 4}, {"block_n_inter": 8}, {"pairs": 4}, {"block_n_vocab": 128},
-                               {"block_n_hidden": 4, "block_n_inter": 8, "pairs": 4}]),
-                           (64, [{}, {"block_n_hidden": 16}, {"block_n_inter": 32}])):
+    small = {"block_n_hidden": 16, "block_n_inter": 32, "warps": 4}  # more programs: each a smaller share
+    for batch, changes in ((1, [{}, {"block_n_hidden": 8}, {"block_n_inter": 8}, {"block_n_inter": 32}, {"pairs": 4},
+                                {"block_n_vocab": 128}, {"block_k": 64}]),
+                           (64, [{}, dict(small, block_b=16), dict(small, block_b=16, pairs=16),
+                                 dict(small, block_b=32, pairs=16), dict(small, block_b=64, pairs=16, warps=8),
+                                 {"block_b": 16, "block_n_hidden": 32, "block_n_inter": 64, "pairs": 16, "warps": 4},
+                                 {"block_b": 32, "block_n_hidden": 32, "block_n_inter": 64, "pairs": 16, "warps": 4}])):
         w = PackedDecoder.from_hf(model, sinks=4, window_max=8192)
         keys, values = w.new_cache(batch)
         ids, pos = torch.full((batch,), 5, dtype=torch.int64), torch.full((batch,), 8192, dtype=torch.int64)
