@@ -3,7 +3,7 @@
 with a static cache and the earlier TorchDecoderModel in the same run (generation_h200.decode_speed).
 
     python benchmarks/cuda_step_h200.py [--out results.json] [--modes none,layers,linked,whole,fused,fused:nopdl]
-        [--parts correctness,speed,backend,prefill,parity,peers,fused,tiles,profile] [--smoke]
+        [--parts correctness,speed,backend,prefill,parity,peers,hf,fused,tiles,profile] [--smoke]
 
 Mode suffixes turn one change of the fused step off for comparison in the same run: ":nopdl" (no programmatic
 dependent launch, EDGEATTN_PDL=0), ":reduce" (split attention merged by a reduce kernel, EDGEATTN_SPLIT_MERGE=kernel);
@@ -382,6 +382,7 @@ def main() -> None:
              "backend": lambda: backend_steps(device, args.smoke),
              "prefill": lambda: prefill_ttft(device, args.smoke),
              "peers": lambda: decode_speed(device, args.smoke),
+             "hf": lambda: decode_speed(device, args.smoke, hf_only=True),
              "profile": lambda: profile_steps(device, args.smoke, args.modes.split(","))}
     for name in args.parts.split(","):
         t = time.perf_counter()
@@ -397,7 +398,7 @@ def main() -> None:
             json.dump(result, f, indent=1)
     table = [r for r in result.get("speed", []) if isinstance(r, dict)] + \
             [r for r in result.get("backend", []) if isinstance(r, dict)] + \
-            [r for r in result.get("peers", []) if isinstance(r, dict)]
+            [r for r in result.get("peers", []) + result.get("hf", []) if isinstance(r, dict)]
     print(f"{'engine':44s} {'B':>3s} {'ctx':>5s} {'W':>5s} {'gpu ms':>7s} {'host ms':>8s} {'tok/s':>9s}")
     for r in table:
         print(f"{r['engine'][:44]:44s} {r['batch']:3d} {r['context']:5d} {r['window']:5d} "

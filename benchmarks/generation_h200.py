@@ -260,9 +260,9 @@ def prefill_sweep(device, dtype, smoke, budget_s=420.0):
     return {"candidates": rows, "best": best, "seconds": time.perf_counter() - t0}
 
 
-def decode_speed(device, smoke):
+def decode_speed(device, smoke, hf_only: bool = False):
     """Decode tokens/s at context 8192 (cache filled), batch 1 and 64, W full / 1024 / 256, CUDA graphs; and
-    Hugging Face generate (static cache, SDPA) on the same weights in the same run."""
+    Hugging Face generate (static cache, SDPA) on the same weights in the same run (hf_only: that alone)."""
     from edgeattn.runtime.generation.torch_decoder import TorchDecoderModel
 
     dtype = torch.bfloat16
@@ -270,31 +270,32 @@ def decode_speed(device, smoke):
     model = smollm2_shaped(dtype, device, layers=layers)
     rows = []
     for batch in (1, 64) if not smoke else (1, 4):
-        ours = TorchDecoderModel(model, sinks=4, window_max=ctx, cuda_graphs=device.type == "cuda")
-        cache = ours.new_cache(batch)
-        for t in cache.keys + cache.values:
-            t.normal_()
-        for w in (0, 1024, 256) if not smoke else (0, 64):
-            cache.positions[:] = ctx
-            ids = [[5]] * batch
-            ours.step(cache, list(range(batch)), ids, w)  # capture
-            ours.step(cache, list(range(batch)), ids, w)
-            best = float("inf")
-            for _ in range(3):
+        if not hf_only:  # the earlier engine (TorchDecoderModel)
+            ours = TorchDecoderModel(model, sinks=4, window_max=ctx, cuda_graphs=device.type == "cuda")
+            cache = ours.new_cache(batch)
+            for t in cache.keys + cache.values:
+                t.normal_()
+            for w in (0, 1024, 256) if not smoke else (0, 64):
                 cache.positions[:] = ctx
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    ours.step(cache, list(range(batch)), ids, w)
-                torch.cuda.synchronize()
-                best = min(best, (time.perf_counter() - t0) / steps)
-            graph, static = next(iter(ours._graphs.values())) if ours._graphs else (None, None)
-            replay = _events_ms(graph.replay) if graph is not None and device.type == "cuda" else float("nan")
-            rows.append({"engine": "edgeattn (CUDA graphs)", "batch": batch, "context": ctx, "window": w or ctx,
-                         "ms_per_step": 1e3 * best, "tokens_per_s": batch / best, "graph_replay_ms": replay})
-            ours._graphs.clear()
-        del cache, ours
-        torch.cuda.empty_cache()
+                ids = [[5]] * batch
+                ours.step(cache, list(range(batch)), ids, w)  # capture
+                ours.step(cache, list(range(batch)), ids, w)
+                best = float("inf")
+                for _ in range(3):
+                    cache.positions[:] = ctx
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        ours.step(cache, list(range(batch)), ids, w)
+                    torch.cuda.synchronize()
+                    best = min(best, (time.perf_counter() - t0) / steps)
+                graph, static = next(iter(ours._graphs.values())) if ours._graphs else (None, None)
+                replay = _events_ms(graph.replay) if graph is not None and device.type == "cuda" else float("nan")
+                rows.append({"engine": "edgeattn (CUDA graphs)", "batch": batch, "context": ctx, "window": w or ctx,
+                             "ms_per_step": 1e3 * best, "tokens_per_s": batch / best, "graph_replay_ms": replay})
+                ours._graphs.clear()
+            del cache, ours
+            torch.cuda.empty_cache()
         prompt = torch.randint(3, 40000, (batch, ctx), device=device)
         gen = lambda n: model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,  # noqa: E731
                                        cache_implementation="static", pad_token_id=0)
