@@ -396,9 +396,8 @@ def main() -> None:
         print(f"== {name} {time.perf_counter() - t:.1f}s", flush=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    table = [r for r in result.get("speed", []) if isinstance(r, dict)] + \
-            [r for r in result.get("backend", []) if isinstance(r, dict)] + \
-            [r for r in result.get("peers", []) + result.get("hf", []) if isinstance(r, dict)]
+    table = [r for part in ("speed", "backend", "peers", "hf") if isinstance(result.get(part), list)
+             for r in result[part] if isinstance(r, dict)]
     print(f"{'engine':44s} {'B':>3s} {'ctx':>5s} {'W':>5s} {'gpu ms':>7s} {'host ms':>8s} {'tok/s':>9s}")
     for r in table:
         print(f"{r['engine'][:44]:44s} {r['batch']:3d} {r['context']:5d} {r['window']:5d} "
