@@ -6,14 +6,17 @@ One new token per stream; the residual stream h [B, hidden] lives in the model's
                             packed Q/K/V product + bias + Qwen3's per-head norms + the rotation at t (and q's
                             second rotation at min(t, sinks + W) for the sink rows) + the ring write of the new
                             key and value rows; layer 0 gathers h from the embedding table itself
-    (attention)             cached_decode.py's split-K kernel over the rows just written (+ its reduce when split)
+    (attention)             cached_decode.py's split-K kernel over the rows just written (when split, the last split
+                            program of each kv head merges the partials: no reduce kernel)
     _linear_residual_kernel the output projection, added to h in place
     _gate_up_kernel         RMSNorm + the packed gate/up product + SiLU(gate) * up
     _linear_residual_kernel the down projection, added to h in place
 
 and once a step `_lm_head_kernel` (the final norm + the LM head, writing logits and a per-block argmax) and, for
-greedy decoding, `_argmax_kernel` (the argmax of those block maxima): about 5 launches a layer. The live window is
+greedy decoding, `_argmax_kernel` (the argmax of those block maxima): 5 launches a layer. The live window is
 read from its device tensor by the kernels, so a CUDA graph of the step needs no new capture when it changes.
+On Hopper and newer every kernel is a programmatic dependent of the one before (dependent_launch.py): it is
+launched while that one finishes, asks for its own weight rows in L2, and only then waits for its inputs.
 
 Per batch bucket (FUSED_TILES, measured on the H200 with benchmarks/cuda_step_h200.py):
 - up to 4 streams: one stream a program (GEMV), elementwise products over a fully unrolled reduction (the sizes are
