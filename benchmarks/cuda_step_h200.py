@@ -7,6 +7,7 @@ with a static cache and the earlier TorchDecoderModel in the same run (generatio
 
 Mode suffixes turn one change of the fused step off for comparison in the same run: ":nopdl" (no programmatic
 dependent launch, EDGEATTN_PDL=0), ":reduce" (split attention merged by a reduce kernel, EDGEATTN_SPLIT_MERGE=kernel);
+":t16" / ":t32" try tl.dot tiles of 16 / 32 streams above batch 4;
 `--parts profile` lists each mode's kernels by GPU time (torch.profiler).
 
 `--parts fused` checks the fused step (hand-written Triton kernels) against the eager step on the 30-layer shape:
@@ -183,15 +184,25 @@ class _mode_env:
     program (EDGEATTN_SPLIT_MERGE=kernel); "fused:nopdl:reduce" is the fused step as it was before either."""
 
     FLAGS = {"nopdl": ("EDGEATTN_PDL", "0"), "reduce": ("EDGEATTN_SPLIT_MERGE", "kernel")}
+    # ":t16" / ":t32": batches above 4 take tl.dot tiles of 16 / 32 streams with more, smaller programs
+    TILES = {"t16": dict(block_b=16, block_n_hidden=16, block_n_inter=32, block_n_vocab=128, pairs=16, warps=4),
+             "t32": dict(block_b=32, block_n_hidden=16, block_n_inter=32, block_n_vocab=128, pairs=16, warps=4)}
 
     def __init__(self, mode: str) -> None:
-        self.set = dict(self.FLAGS[f] for f in mode.split(":")[1:])
-        self.saved = {}
+        flags = mode.split(":")[1:]
+        self.set = dict(self.FLAGS[f] for f in flags if f in self.FLAGS)
+        self.tiles = next((self.TILES[f] for f in flags if f in self.TILES), None)
+        self.saved, self.saved_tiles = {}, None
 
     def __enter__(self):
         for k, v in self.set.items():
             self.saved[k] = os.environ.get(k)
             os.environ[k] = v
+        if self.tiles is not None:
+            from edgeattn.plugins.kernels import fused_decode as fk
+
+            self.saved_tiles = fk.FUSED_TILES
+            fk.FUSED_TILES = (fk.FUSED_TILES[0], (1 << 30, fk.FusedTiles(gemv=False, **self.tiles)))
 
     def __exit__(self, *exc):
         for k, v in self.saved.items():
@@ -199,6 +210,10 @@ class _mode_env:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if self.saved_tiles is not None:
+            from edgeattn.plugins.kernels import fused_decode as fk
+
+            fk.FUSED_TILES = self.saved_tiles
 
 
 def profile_steps(device, smoke, modes):
