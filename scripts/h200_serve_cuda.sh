@@ -3,9 +3,13 @@
 # SmolLM2-135M's configuration and tokenizer (carried in .gpu_tok/, no weights) and random bf16 weights:
 # build --target cuda, generate, then serve under concurrent load (benchmarks/serve_generate.py).
 #   STREAMS=1024 bash scripts/h200_serve_cuda.sh          (results and logs in $OUT)
+#   PRECISION=fp32 STREAMS=1024 CONCURRENCY=1024 bash scripts/h200_serve_cuda.sh
+# PRECISION: the bundle's (bf16 by default; fp32 makes "equal to the request served alone" exact up to the
+# matmul kernels a batch size picks). CONCURRENCY > 0 adds the batching run: one request at a time against
+# CONCURRENCY concurrent streams (tokens/s, inter-token latency p50/p99 at the client).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-OUT=${OUT:-/tmp/out}; STREAMS=${STREAMS:-1024}; mkdir -p "$OUT" /tmp/pkg
+OUT=${OUT:-/tmp/out}; STREAMS=${STREAMS:-1024}; PRECISION=${PRECISION:-bf16}; CONCURRENCY=${CONCURRENCY:-0}; mkdir -p "$OUT" /tmp/pkg
 rm -rf /tmp/pkg/* && cp -r edgeattn /tmp/pkg/ && cp -r runtime quantize plugins /tmp/pkg/edgeattn/
 export PYTHONPATH=/tmp/pkg
 python3 - <<'PY'
@@ -21,8 +25,13 @@ for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "gen
 print("random SmolLM2-shaped model saved")
 PY
 cd /tmp
-timeout 180 python3 -m edgeattn.cli.main build /tmp/smol_random --target cuda --arch sm_90 --out /tmp/smol.cuda 2>&1 | tail -3
+timeout 180 python3 -m edgeattn.cli.main build /tmp/smol_random --target cuda --arch sm_90 --precision "$PRECISION" --out /tmp/smol.cuda 2>&1 | tail -3
 timeout 120 python3 -m edgeattn.cli.main generate /tmp/smol.cuda --prompt "Explain what a heat sink does" --max-tokens 16 2>&1 | tail -3
 # from /tmp: the server child runs `python -m edgeattn...`, which in the repository would find its edgeattn/ first
 timeout ${SERVE_S:-330} python3 "$OLDPWD/benchmarks/serve_generate.py" --bundle /tmp/smol.cuda --streams "$STREAMS" \
   --slots "$STREAMS" --requests "$STREAMS" --short-tokens 16 --skip batching --skip steps 2>&1 | tee "$OUT/serve_cuda.log" | tail -5
+if [ "$CONCURRENCY" -gt 0 ]; then
+  timeout ${BATCH_S:-240} python3 "$OLDPWD/benchmarks/serve_generate.py" --bundle /tmp/smol.cuda --skip correctness \
+    --skip steps --concurrency "$CONCURRENCY" --batch-tokens ${BATCH_TOKENS:-32} --batch-requests 1 --rounds 1 \
+    --json "$OUT/serve_cuda_batching.json" 2>&1 | tee "$OUT/serve_cuda_batching.log" | tail -12
+fi

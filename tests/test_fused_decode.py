@@ -58,7 +58,10 @@ def test_auto_takes_the_fused_step_for_small_batches_only():
     torch = pytest.importorskip("torch")
     import transformers
 
-    from edgeattn.runtime.cuda.decode_step import FUSED_MAX_BATCH, DecodeGraph, PackedDecoder
+    from edgeattn.plugins.kernels import fused_decode as fk
+    from edgeattn.runtime.cuda.decode_step import FUSED_MAX_BATCH, GEMV_MAX_BATCH, DecodeGraph, PackedDecoder
+
+    assert GEMV_MAX_BATCH == fk.GEMV_MAX_BATCH  # the host's copy of the kernels' bucket
 
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, head_dim=32)
@@ -67,6 +70,12 @@ def test_auto_takes_the_fused_step_for_small_batches_only():
     small = DecodeGraph(weights, keys, values, batch=FUSED_MAX_BATCH, compile="auto")
     large = DecodeGraph(weights, keys, values, batch=FUSED_MAX_BATCH + 1, compile="auto")
     assert (small.compile, large.compile) == ("fused", "linked")
+    narrow = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=1, head_dim=16)
+    w16 = PackedDecoder.from_hf(transformers.LlamaForCausalLM(narrow).eval(), sinks=2, window_max=8)
+    k16, v16 = w16.new_cache(GEMV_MAX_BATCH + 1)
+    assert DecodeGraph(w16, k16, v16, batch=GEMV_MAX_BATCH, compile="auto").compile == "fused"
+    assert DecodeGraph(w16, k16, v16, batch=GEMV_MAX_BATCH + 1, compile="auto").compile == "linked"  # tl.dot tiles
     with pytest.raises(ValueError, match="compile: expected one of"):
         DecodeGraph(weights, keys, values, batch=1, compile="fast")
     assert torch.is_tensor(small.window)
@@ -74,8 +83,8 @@ def test_auto_takes_the_fused_step_for_small_batches_only():
 
 @pytest.mark.gpu
 @needs_stack
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
+@pytest.mark.parametrize("dtype,batch", [("float32", 3), ("bfloat16", 3), ("float32", 40), ("bfloat16", 40)])
+def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype, batch):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -90,16 +99,17 @@ def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)  # sharp logits: greedy choices are not near-ties
     weights = PackedDecoder.from_hf(model, sinks=4, window_max=32)
-    tokens = torch.randint(0, 512, (3, 50), device="cuda")
-    k1, v1 = weights.new_cache(3)
-    k2, v2 = weights.new_cache(3)
-    k3, v3 = weights.new_cache(3)
-    greedy = DecodeGraph(weights, k2, v2, batch=3, compile="fused")
-    logits = DecodeGraph(weights, k3, v3, batch=3, compile="fused", greedy=False)
+    tokens = torch.randint(0, 512, (batch, 50), device="cuda")
+    k1, v1 = weights.new_cache(batch)
+    k2, v2 = weights.new_cache(batch)
+    k3, v3 = weights.new_cache(batch)
+    greedy = DecodeGraph(weights, k2, v2, batch=batch, compile="fused")  # 40: tl.dot tiles, 3: one stream a program
+    logits = DecodeGraph(weights, k3, v3, batch=batch, compile="fused", greedy=False)
+    offsets = torch.arange(batch, device="cuda") * 5 % 23 - 9  # streams at their own positions
     worst, near_ties, wrong = 0.0, 0, 0
     with torch.no_grad():
         for p in range(50):  # the ring of 32 wraps; window 16 < ring
-            pos = torch.tensor([p, p + 5, max(p - 9, 0)], device="cuda")
+            pos = (p + offsets).clamp(min=0)
             want = decode_logits(weights, tokens[:, p], pos, torch.tensor(16, device="cuda"), k1, v1).float()
             ids = greedy(tokens[:, p], pos, 16)
             got = logits(tokens[:, p], pos, 16).float()
@@ -115,7 +125,7 @@ def test_fused_graph_replays_equal_eager_steps_on_cuda(dtype):
     if dtype == "float32":
         assert near_ties == 0 and worst < 1e-3, (near_ties, worst)
     else:
-        assert near_ties <= 5 and worst < 3e-2, (near_ties, worst)
+        assert near_ties <= max(5, batch * 50 // 100) and worst < 3e-2, (near_ties, worst)  # 1% of the choices
 
 
 @pytest.mark.gpu

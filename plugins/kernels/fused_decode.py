@@ -21,10 +21,11 @@ launched while that one finishes, asks for its own weight rows in L2, and only t
 Per batch bucket (FUSED_TILES, measured on the H200 with benchmarks/cuda_step_h200.py):
 - up to 4 streams: one stream a program (GEMV), elementwise products over a fully unrolled reduction (the sizes are
   compile-time constants), so every weight load of a program is in flight at once; a step this small waits on
-  memory latency and launches, not arithmetic. SmolLM2-135M, context 8,192: 0.89-0.97 ms a token against 1.16-1.24
+  memory latency and launches, not arithmetic. SmolLM2-135M, context 8,192: 0.66-0.80 ms a token against 1.14-1.23
   for torch.compile + cuBLAS ("linked").
-- above: tl.dot tiles of 16-64 streams. At batch 64 they lost to cuBLAS (2.23 ms against 1.87 at W=1024), so the
-  decode step's "auto" mode keeps "linked" there (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
+- above: tl.dot tiles of 32 streams, small programs (many of them). At batch 64 they beat cuBLAS with a window
+  (1.78 ms against 1.85 at W=1024, 1.14 against 1.27 at W=256) and lose with the whole ring of 8,192 (7.14 against
+  6.81): the decode step's "auto" mode takes them up to 64 streams (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
 Numerics: products accumulate in float32; each product's output is rounded to the model's dtype where the eager
 step (runtime/cuda/decode_step.py) rounds it; bf16 steps still round differently in places (the rotation and the
 norms run in float32 here), so greedy tokens agree with the eager step except at near-ties (61-64 of 64 steps on the
@@ -327,21 +328,20 @@ class FusedTiles:
             raise ValueError(f"block_b: expected 1 with gemv (one stream a program), found {self.block_b}")
 
 
-# batch bucket (largest batch it serves) -> tiles; the last row serves every larger batch. H200 sweeps (2026-12-02,
-# SmolLM2-135M's shape, context 8,192, W=1024, benchmarks/cuda_step_h200.py --parts tiles, GPU time a step):
-# batch 1 went from 1.02 ms to 0.93 with 8 rows a program in the hidden-sized products (more programs, more loads
-# in flight), to 0.93 with 128-wide reduction steps, 0.95 with both, then 0.90 with 4 rows; 8 gate/up rows (0.99),
-# 4 rotation pairs (0.95) and 128 vocabulary rows (0.97) did not help, 2 warps lost (1.41). Batch 64: 8 warps
-# 2.20 ms against 4 warps 2.52; 32-wide steps lost (2.85); other row counts within 1%. At batch 64 torch.compile +
-# cuBLAS ("linked", 1.87 ms) still wins: DecodeGraph's "auto" mode takes the fused step only where it measured
-# faster (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
+# batch bucket (largest batch it serves) -> tiles; the last row serves every larger batch. H200 sweeps (SmolLM2-135M's
+# shape, context 8,192, W=1024, benchmarks/cuda_step_h200.py, GPU time a step). 2026-12-02, plain launches: batch 1
+# went from 1.02 ms to 0.93 with 8 rows a program in the hidden-sized products (more programs, more loads in
+# flight), to 0.93 with 128-wide reduction steps, 0.95 with both, then 0.90 with 4 rows; 8 gate/up rows (0.99),
+# 4 rotation pairs (0.95) and 128 vocabulary rows (0.97) did not help, 2 warps lost (1.41). 2026-12-03, with
+# dependent launches: batch 64 with tiles of 64 streams 2.03 ms (W=1024), of 16 streams 2.20, of 32 streams with
+# 16 hidden rows, 32 gate/up rows and 16 rotation pairs a program 1.78, against 1.85 for torch.compile + cuBLAS
+# ("linked"); at W=256 1.14 against 1.27; with the whole ring (8,192) 7.14 against 6.81.
 FUSED_TILES: tuple[tuple[int, FusedTiles], ...] = (
     (4, FusedTiles(gemv=True, block_b=1, block_n_hidden=4, block_n_inter=16, block_n_vocab=64, block_k=128,
                    pairs=8)),
-    (16, FusedTiles(gemv=False, block_b=16, block_n_hidden=16, block_n_inter=32, block_n_vocab=128)),
-    (32, FusedTiles(gemv=False, block_b=32, block_n_hidden=32, block_n_inter=32, block_n_vocab=128, warps=8)),
-    (1 << 30, FusedTiles(gemv=False, block_b=64, block_n_hidden=32, block_n_inter=64, block_n_vocab=128, warps=8)),
+    (1 << 30, FusedTiles(gemv=False, block_b=32, block_n_hidden=16, block_n_inter=32, block_n_vocab=128, pairs=16)),
 )
+GEMV_MAX_BATCH = FUSED_TILES[0][0]  # above: tl.dot tiles, which need a head_dim >= 32
 
 
 def fused_tiles(batch: int, device=None) -> FusedTiles:
@@ -485,5 +485,5 @@ def aot_kernel(kind: str, dtype: str, head_dim: int, features: int):
     return fn, const, tiles.warps, 3, grid, types
 
 
-__all__ = ["AOT_KINDS", "FUSED_TILES", "FusedTiles", "aot_kernel", "fused_tiles", "gate_up", "linear_residual",
+__all__ = ["AOT_KINDS", "FUSED_TILES", "GEMV_MAX_BATCH", "FusedTiles", "aot_kernel", "fused_tiles", "gate_up", "linear_residual",
            "lm_head", "qkv_rope"]

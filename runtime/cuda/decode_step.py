@@ -273,7 +273,7 @@ def decode_fused(w: PackedDecoder, ids, positions, window, keys, values, splits:
     ids, positions = ids.contiguous(), positions.contiguous()  # the kernels index them as [B]
     tiles = fk.fused_tiles(b, ids.device)  # with programmatic dependent launch on Hopper and newer
     if not tiles.gemv and s.head_dim < 32:  # tl.dot tiles hold half a head, and want >= 16 rows
-        raise ModelError(f"fused decode step: expected a head_dim >= 32 for a batch above {FUSED_MAX_BATCH}, "
+        raise ModelError(f"fused decode step: expected a head_dim >= 32 for a batch above {fk.GEMV_MAX_BATCH}, "
                          f"found {s.head_dim}")
     new = lambda *size: torch.empty(size, dtype=w.dtype, device=ids.device)  # noqa: E731
     h, act = new(b, s.hidden), new(b, s.intermediate)  # h: the residual stream [B, hidden]
@@ -303,7 +303,11 @@ def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits
 
 
 COMPILE_MODES = ("none", "layers", "linked", "whole", "fused", "auto")
-FUSED_MAX_BATCH = 4  # "auto": the fused step up to this batch (faster on the H200), "linked" above
+# "auto": the fused step up to this batch, "linked" above. On the H200 (SmolLM2-135M's shape, context 8,192) fused
+# was faster at batch 1 (0.66-0.80 ms against 1.14-1.23) and at batch 64 with a window (1.78 ms against 1.85 at
+# W=1,024, 1.14 against 1.27 at W=256), 5% slower with the whole 8,192 ring; larger batches were not measured fused.
+FUSED_MAX_BATCH = 64
+GEMV_MAX_BATCH = 4  # fused_decode.GEMV_MAX_BATCH (without importing triton): tl.dot tiles above, head_dim >= 32
 
 
 class DecodeGraph:
@@ -312,8 +316,9 @@ class DecodeGraph:
     `compile`: "none", "layers" (torch.compile on the pieces around attention: one compilation serves every
     layer, window and split count), "linked" (a layer's tail and the next one's head, cache writes included,
     compiled as one piece), "whole" (the step as one graph, recompiled per split count) or "fused" (no
-    torch.compile: hand-written Triton kernels, about 5 launches a layer, decode_fused); "auto": "fused" for a
-    batch up to FUSED_MAX_BATCH, "linked" above (what measured faster on the H200). `splits`:
+    torch.compile: hand-written Triton kernels, 5 launches a layer, decode_fused); "auto": "fused" for a
+    batch up to FUSED_MAX_BATCH (and a head_dim >= 32 above GEMV_MAX_BATCH), "linked" above (what measured faster
+    on the H200). `splits`:
     programs per kv head of the attention kernel (fixed by the capture; cached_decode_splits sizes it)."""
 
     def __init__(self, weights: PackedDecoder, keys, values, *, batch: int, splits: int = 0,
@@ -328,7 +333,8 @@ class DecodeGraph:
             raise ValueError(f"compile: expected one of {COMPILE_MODES}, found {compile!r}")
         if compile == "auto":  # the fused kernels read bf16: FP8 weights or an FP8 cache take the linked pieces
             fp8 = "kv_scale" in weights.t or isinstance(weights.t["wqkv"][0], tuple)
-            compile = "fused" if batch <= FUSED_MAX_BATCH and not fp8 else "linked"
+            small_heads = batch > GEMV_MAX_BATCH and weights.shape.head_dim < 32  # tl.dot tiles want >= 32
+            compile = "fused" if batch <= FUSED_MAX_BATCH and not fp8 and not small_heads else "linked"
         self.compile = compile
         fn = decode_greedy if greedy else decode_logits
         self.sampling = sampling  # DeviceSampling for `batch` rows: the graph samples (greedy rows included)
