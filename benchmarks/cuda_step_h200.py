@@ -259,6 +259,32 @@ def profile_steps(device, smoke, modes):
     return out
 
 
+def split_sweep(device, smoke, modes):
+    """GPU time of a step at batch 64, context 8,192, per attention split count (the default from
+    cached_decode_splits, then 1, 2, 4, 8 programs per stream and kv head), W = 1,024 and 256, per mode."""
+    model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    batch, rows = (4 if smoke else 64), []
+    w = PackedDecoder.from_hf(model, sinks=4, window_max=8192)
+    keys, values = w.new_cache(batch)
+    for t in keys + values:
+        t.normal_()
+    ids, pos = torch.full((batch,), 5, dtype=torch.int64), torch.full((batch,), 8192, dtype=torch.int64)
+    for window in (1024, 256):
+        default = cached_decode_splits(batch * w.shape.kv_heads, 4, window, sms)
+        for mode in modes:
+            for splits in dict.fromkeys((default, 1, 2, 4, 8)):
+                with _mode_env(mode):
+                    step = DecodeGraph(w, keys, values, batch=batch, splits=splits, compile=mode.split(":")[0])
+                    step(ids, pos, window)
+                row = {"batch": batch, "window": window, "mode": mode, "splits": splits, "default": splits == default,
+                       "graph_replay_ms": replay_ms(step.graph)}
+                print("splits", json.dumps(row), flush=True)
+                rows.append(row)
+                del step
+    return rows
+
+
 def speed(device, smoke, modes):
     model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -398,6 +424,7 @@ def main() -> None:
              "prefill": lambda: prefill_ttft(device, args.smoke),
              "peers": lambda: decode_speed(device, args.smoke),
              "hf": lambda: decode_speed(device, args.smoke, hf_only=True),
+             "splits": lambda: split_sweep(device, args.smoke, args.modes.split(",")),
              "profile": lambda: profile_steps(device, args.smoke, args.modes.split(","))}
     for name in args.parts.split(","):
         t = time.perf_counter()
