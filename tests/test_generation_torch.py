@@ -44,4 +44,6 @@ def test_split_count_follows_the_window_not_the_cache():
     assert cached_decode_splits(1, 4, 256, sms=132) == 1  # 5 blocks: one launch, no reduce
     assert cached_decode_splits(1, 4, 1024, sms=132) == 4
     assert cached_decode_splits(1, 4, 32768, sms=132) == 128
-    assert cached_decode_splits(64 * 3, 4, 8192, sms=132) == 1  # a full wave from the batch alone
+    assert cached_decode_splits(64 * 3, 4, 8192, sms=132) == 2  # two programs an SM
+    assert cached_decode_splits(64 * 3, 4, 256, sms=132) == 1  # a small window stays one launch
+    assert cached_decode_splits(512 * 3, 4, 8192, sms=132) == 1  # the batch alone fills the SMs twice
