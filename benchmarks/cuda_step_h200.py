@@ -285,11 +285,13 @@ def split_sweep(device, smoke, modes):
     return rows
 
 
-def speed(device, smoke, modes):
+def speed(device, smoke, modes, plans: str = ""):
     model = smollm2_shaped(torch.bfloat16, device, layers=2 if smoke else 30)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     rows = []
     plan = [(1, 8192), (1, 1024), (64, 8192)] if not smoke else [(1, 256), (4, 256)]
+    if plans:  # "64x8192,1x1024": batch x context
+        plan = [tuple(int(v) for v in p.split("x")) for p in plans.split(",")]
     for batch, ctx in plan:
         w = PackedDecoder.from_hf(model, sinks=4, window_max=ctx)
         keys, values = w.new_cache(batch)
@@ -410,6 +412,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "cuda_step_h200.json"))
     ap.add_argument("--modes", default="none,layers,linked,fused")
     ap.add_argument("--parts", default="correctness,speed,backend,prefill,parity,peers")
+    ap.add_argument("--plans", default="", help="the speed part's batch x context pairs, e.g. 64x8192,1x1024")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64
@@ -419,7 +422,7 @@ def main() -> None:
              "parity": lambda: hf_parity(device, args.smoke),
              "fused": lambda: fused_check(device, args.smoke),
              "tiles": lambda: tile_sweep(device, args.smoke),
-             "speed": lambda: speed(device, args.smoke, args.modes.split(",")),
+             "speed": lambda: speed(device, args.smoke, args.modes.split(","), args.plans),
              "backend": lambda: backend_steps(device, args.smoke),
              "prefill": lambda: prefill_ttft(device, args.smoke),
              "peers": lambda: decode_speed(device, args.smoke),
