@@ -23,9 +23,10 @@ Per batch bucket (FUSED_TILES, measured on the H200 with benchmarks/cuda_step_h2
   compile-time constants), so every weight load of a program is in flight at once; a step this small waits on
   memory latency and launches, not arithmetic. SmolLM2-135M, context 8,192: 0.66-0.80 ms a token against 1.14-1.23
   for torch.compile + cuBLAS ("linked").
-- above: tl.dot tiles of 32 streams, small programs (many of them). At batch 64 they beat cuBLAS with a window
-  (1.78 ms against 1.85 at W=1024, 1.14 against 1.27 at W=256) and lose with the whole ring of 8,192 (7.14 against
-  6.81): the decode step's "auto" mode takes them up to 64 streams (runtime/cuda/decode_step.py's FUSED_MAX_BATCH).
+- above: tl.dot tiles of 32 streams, small programs (many of them). At batch 64 (attention in 2 splits) they are
+  level with cuBLAS at W=1024 (1.64 ms), faster at W=256 (1.14 against 1.28) and slower with the whole ring of
+  8,192 (5.33 against 4.66): the decode step's "auto" mode takes them up to 64 streams (runtime/cuda/decode_step.py's
+  FUSED_MAX_BATCH).
 Numerics: products accumulate in float32; each product's output is rounded to the model's dtype where the eager
 step (runtime/cuda/decode_step.py) rounds it; bf16 steps still round differently in places (the rotation and the
 norms run in float32 here), so greedy tokens agree with the eager step except at near-ties (61-64 of 64 steps on the

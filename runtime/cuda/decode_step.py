@@ -304,8 +304,9 @@ def decode_greedy(w: PackedDecoder, ids, positions, window, keys, values, splits
 
 COMPILE_MODES = ("none", "layers", "linked", "whole", "fused", "auto")
 # "auto": the fused step up to this batch, "linked" above. On the H200 (SmolLM2-135M's shape, context 8,192) fused
-# was faster at batch 1 (0.66-0.80 ms against 1.14-1.23) and at batch 64 with a window (1.78 ms against 1.85 at
-# W=1,024, 1.14 against 1.27 at W=256), 5% slower with the whole 8,192 ring; larger batches were not measured fused.
+# was faster at batch 1 (0.66-0.80 ms against 1.14-1.23), level at batch 64 with W=1,024 (1.64 ms both) and faster
+# at W=256 (1.14 against 1.28), 15% slower with the whole 8,192 ring (5.33 against 4.66): one graph serves every
+# window, and the windows the thermal controller sets are where fused wins. Larger batches were not measured fused.
 FUSED_MAX_BATCH = 64
 GEMV_MAX_BATCH = 4  # fused_decode.GEMV_MAX_BATCH (without importing triton): tl.dot tiles above, head_dim >= 32
 
