@@ -2,10 +2,11 @@
 finishes, fetches the weights it will read (which no kernel writes) into L2, and only then waits for the kernel
 before it to complete and flush its writes.
 
-A step of a few streams is a chain of ~180 short kernels, each waiting on launch latency and the first loads of
+A step of a few streams is a chain of ~150 short kernels, each waiting on launch latency and the first loads of
 its weights more than on bandwidth; letting the next kernel's launch and weight fetch overlap the current
-kernel's tail takes those waits off the critical path. The device side: `dependent_start` (prefetch, wait for
-the previous kernel, then allow the next one to launch) at the top of each kernel of the chain; the host side:
+kernel's tail takes those waits off the critical path. The device side, at the top of each kernel of the chain:
+`prefetch_l2` of its weight rows, then `dependent_start` (wait for the previous kernel, then allow the next one
+to launch); the host side:
 `dependent_launch(device)`, whether to launch with the attribute (CUDA graphs keep it as a programmatic edge).
 Without it (sm_80/sm_87, the interpreter, `EDGEATTN_PDL=0`) the same kernels compile with USE_PDL=False and
 none of this code exists in them.
