@@ -72,6 +72,7 @@ def pack(out: Path) -> None:
     from dataclasses import asdict
 
     from edgeattn import hf_models, text
+    from edgeattn.runtime.cuda import fp8_build
     from edgeattn.runtime.cuda.decode_step import PackedDecoder
 
     folder = hf_models.resolve("smollm2")
@@ -89,6 +90,7 @@ def pack(out: Path) -> None:
     ids = lambda doc: tok(doc, add_special_tokens=False).input_ids  # noqa: E731
     meta = {"shape": asdict(packed.shape), "rope_scaling": packed.rope_scaling, "model": str(folder),
             "heldout": heldout, "calibration": [ids(d) for d in background[:4]],
+            "weight_calibration": [ids(d)[:1024] for d in fp8_build.weight_calibration_texts()[0]],
             "prompts": [ids(d)[:64] for d in background[100:132] if len(ids(d)) >= 64][:32]}
     for i, (piece, name) in enumerate(zip(pieces, "ab")):
         (out / name).mkdir(parents=True, exist_ok=True)
@@ -270,16 +272,23 @@ def kernel(res: dict) -> None:
 
 
 # --- model ---------------------------------------------------------------------------------------------------
-def variants(tensors, build, calibration, **shape):
-    """name -> PackedDecoder: bf16, FP8 weights, FP8 cache, both (the cache scales calibrated once, on bf16)."""
+def variants(tensors, build, calibration, weight_calibration=None, nearest=False, **shape):
+    """name -> PackedDecoder: bf16, FP8 weights, FP8 cache, both (the cache scales calibrated once, on bf16).
+    FP8 weights are rounded with error feedback (fp8_gptq, the build's default) from `weight_calibration` (token
+    id lists; None: to nearest); `nearest` adds "fp8_weights_nearest" for the quality comparison."""
     from edgeattn.runtime.cuda import fp8, fp8_build
+    from edgeattn.runtime.cuda.fp8_gptq import input_hessians
 
     layers = build(tensors, **shape).shape.layers
-    w8 = fp8.fp8_weights(fp8.quantize_state_dict(tensors, layers))
+    hessians = input_hessians(build(tensors, **shape), weight_calibration)[0] if weight_calibration else None
+    w8 = fp8.fp8_weights(fp8.quantize_state_dict(tensors, layers, hessians))
     scales = fp8_build.calibrate(build(tensors, **shape), calibration)
-    return {"bf16": build(tensors, **shape), "fp8_weights": build(w8, **shape),
-            "fp8_cache": build({**tensors, "kv_scale": scales}, **shape),
-            "fp8_both": build({**w8, "kv_scale": scales}, **shape)}, scales
+    out = {"bf16": build(tensors, **shape), "fp8_weights": build(w8, **shape),
+           "fp8_cache": build({**tensors, "kv_scale": scales}, **shape),
+           "fp8_both": build({**w8, "kv_scale": scales}, **shape)}
+    if nearest and hessians is not None:
+        out["fp8_weights_nearest"] = build(fp8.fp8_weights(fp8.quantize_state_dict(tensors, layers)), **shape)
+    return out, scales
 
 
 def teacher_forced(w, tokens, batch, steps, mode="none"):
@@ -358,7 +367,10 @@ def model(res: dict, payload: Path, mode: str, skip: set) -> None:
     meta, tensors, build = load_payload(payload, dev)
     skip = skip | ({"quality"} if payload is None else set())  # random weights: speed only
     t0 = time.time()
-    ws, scales = variants(tensors, build, meta["calibration"])
+    weight_calibration = meta.get("weight_calibration")  # token ids of the build's default calibration text
+    ws, scales = variants(tensors, build, meta["calibration"], weight_calibration, nearest="quality" not in skip)
+    res["fp8_rounding"] = {"method": "gptq" if weight_calibration else "nearest",
+                           "calibration_tokens": sum(len(ids) for ids in weight_calibration or [])}
     res["kv_scale_range"] = [float(scales.min()), float(scales.max())]
     if "quality" not in skip:
         quality(res, meta, ws, mode, t0)
@@ -368,13 +380,15 @@ def model(res: dict, payload: Path, mode: str, skip: set) -> None:
             for name in ("bf16", "fp8_weights"):
                 speed[f"prefill 8x2048 {name}"] = round(prefill_ms(ws[name], 8, 2048), 3)
             print(f"speed {json.dumps(speed)} ({time.time() - t0:.0f} s)", flush=True)
-        for name, w in ws.items():
-            speed[f"decode b256 ctx2048 {name}"] = round(decode_ms(w, 256, 2048, mode), 4)
-        print(f"speed {json.dumps(speed)} ({time.time() - t0:.0f} s)", flush=True)
-        del ws
-        long, _ = variants(tensors, build, meta["calibration"], window_max=8192)
-        for name, w in long.items():
-            speed[f"decode b64 ctx8192 {name}"] = round(decode_ms(w, 64, 8192, mode), 4)
+        ws.pop("fp8_weights_nearest", None)  # the same products as fp8_weights: quality only
+        if "decode" not in skip:
+            for name, w in ws.items():
+                speed[f"decode b256 ctx2048 {name}"] = round(decode_ms(w, 256, 2048, mode), 4)
+            print(f"speed {json.dumps(speed)} ({time.time() - t0:.0f} s)", flush=True)
+            del ws
+            long, _ = variants(tensors, build, meta["calibration"], weight_calibration, window_max=8192)
+            for name, w in long.items():
+                speed[f"decode b64 ctx8192 {name}"] = round(decode_ms(w, 64, 8192, mode), 4)
     res["speed_ms"] = speed
     print(f"speed {json.dumps(speed)} ({time.time() - t0:.0f} s)", flush=True)
 
@@ -395,7 +409,7 @@ def quality(res: dict, meta: dict, ws: dict, mode: str, t0: float) -> None:
     with torch.no_grad():
         gen = {name: greedy_run(w, prompts, 128, mode) for name, w in ws.items()}
     agree = {}
-    for name in ("fp8_weights", "fp8_cache", "fp8_both"):
+    for name in [n for n in gen if n != "bf16"]:
         same = gen[name] == gen["bf16"]
         first = torch.where(same.all(1), 128, (~same).float().argmax(1))
         agree[name] = {"identical_sequences": int(same.all(1).sum()), "of": len(prompts),
@@ -431,7 +445,7 @@ def main() -> None:
     ap.add_argument("--payload", type=Path, help="model: the folder holding meta.json and weights_a/b.pt "
                     "[default: SmolLM2's shape with random weights: speed only, --skip quality]")
     ap.add_argument("--mode", default="none", help="model: the decode step's compile mode (decode_step.COMPILE_MODES)")
-    ap.add_argument("--skip", default="", help="model: parts left out, a comma list of quality, prefill")
+    ap.add_argument("--skip", default="", help="model: parts left out, a comma list of quality, prefill, decode")
     args = ap.parse_args()
     if args.steps == ["pack"]:
         return pack(args.out)

@@ -41,6 +41,8 @@ class CudaBuildConfig:
     archs: tuple[str, ...] = CUDA_ARCHS  # () = no ahead-of-time kernels (they compile at first use)
     name: str | None = None
     kv_cache: str | None = None  # "fp8": the FP8 KV cache (runtime/cuda/fp8_cache.py); None: the float type
+    fp8_rounding: str = "gptq"  # FP8 weights: "gptq" (error feedback, runtime/cuda/fp8_gptq.py) or "nearest"
+    calibration: Path | None = None  # FP8 weights' calibration text (one document a line); None: lee_background
 
     def __post_init__(self) -> None:
         if self.precision not in CUDA_PRECISIONS + FP8_PRECISIONS:
@@ -54,6 +56,11 @@ class CudaBuildConfig:
             raise ConfigError(f"archs: expected names like sm_87, sm_90, sm_110, found {', '.join(bad)}")
         if self.kv_cache not in (None, "fp8"):
             raise ConfigError(f"kv_cache: expected fp8 or none (the float type), found {self.kv_cache!r}")
+        if self.fp8_rounding not in ("gptq", "nearest"):
+            raise ConfigError(f"fp8_rounding: expected gptq or nearest, found {self.fp8_rounding!r}")
+        if self.calibration is not None and not Path(self.calibration).is_file():
+            raise ConfigError(f"calibration: expected a text file (one document a line), found no file at "
+                              f"{self.calibration}")
         no_fp8 = [a for a in self.archs if int(a.removeprefix("sm_")) < FP8_MIN_SM]
         if no_fp8 and "fp8" in (self.precision, self.kv_cache):
             raise ConfigError(f"--precision / --kv-cache fp8: FP8 needs sm_{FP8_MIN_SM} or later (Ada, Hopper, Thor), "
@@ -106,8 +113,15 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
             from edgeattn.runtime.cuda import fp8_build
 
             progress("fp8: " + ", ".join(["weights"] * fp8_weights + ["KV cache scales"] * fp8_cache))
-            tensors = fp8_build.fp8_tensors(packed, tensors, weights=fp8_weights, cache=fp8_cache,
-                                            encode=lambda text: tokenizer(text, add_special_tokens=False).input_ids)
+            texts, what = (fp8_build.weight_calibration_texts(config.calibration)
+                           if fp8_weights and config.fp8_rounding == "gptq" else ([], None))
+            tensors, rounding = fp8_build.fp8_tensors(
+                packed, tensors, weights=fp8_weights, cache=fp8_cache, rounding=config.fp8_rounding, texts=texts,
+                encode=lambda text: tokenizer(text, add_special_tokens=False).input_ids,
+                progress=lambda done, total: progress(f"fp8 weights: {done}/{total} matrices") if done % 30 == 0
+                else None)
+            if what:
+                rounding["calibration"] = what
         require("safetensors", "building for the cuda target")
         from safetensors.torch import save_file
 
@@ -141,7 +155,8 @@ def build_cuda(model: str | Path, config: CudaBuildConfig, *, progress=lambda ms
         sm = sorted({int(a.removeprefix("sm_")) for a in config.archs})
         precision = {"float": config.precision, "layers": layer_precision(tensors, config.precision)}
         if fp8_weights or fp8_cache:
-            precision = fp8_build.precision_section(precision, packed.shape, weights=fp8_weights, cache=fp8_cache)
+            precision = fp8_build.precision_section(precision, packed.shape, weights=fp8_weights, cache=fp8_cache,
+                                                    rounding=rounding)
         manifest = Manifest(
             name=config.name or check_model_name(Path(str(model)).name.replace(" ", "_")[:200] or "decoder", "name"),
             target={"name": "cuda", "backend": "cuda", "sm": sm, "precisions": list(CUDA_PRECISIONS + FP8_PRECISIONS)},

@@ -42,10 +42,15 @@ from edgeattn.targets import TARGETS
               "list, or 'none') [default: sm_87,sm_90,sm_110; with fp8: sm_90,sm_110, as Orin has no FP8].")
 @click.option("--kv-cache", type=click.Choice(["fp8"]), help="cuda: an FP8 KV cache (per-head scales calibrated at "
               "build): half the bytes a long-context decode step reads [default: the float type].")
+@click.option("--fp8-rounding", type=click.Choice(["gptq", "nearest"]), default="gptq", show_default=True,
+              help="cuda, --precision fp8: round the weights with error feedback from calibration text (GPTQ) or "
+              "to nearest.")
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), help="cuda, --precision fp8: "
+              "calibration text for the rounding, one document a line [default: the lee_background corpus].")
 @click.option("--as-inference", is_flag=True, help="Build a model exported in training mode as inference: Dropout "
               "removed, BatchNormalization on running statistics [default: refuse such a model].")
 def build(model, target, out, precision, batch, seq, dims, strict, no_parity, tolerance, name, attention_body,
-          cached_attention, no_fast_path, window_max, sinks, archs, kv_cache, as_inference):
+          cached_attention, no_fast_path, window_max, sinks, archs, kv_cache, fp8_rounding, calibration, as_inference):
     """Build a deployable bundle from MODEL (an .onnx file; for --target cuda, a Hugging Face decoder folder or a
     packaged model such as smollm2).
 
@@ -59,7 +64,8 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
     from edgeattn.targets import get_target
 
     if target != "auto" and get_target(target).backend == "cuda":
-        return _build_cuda(model, out, precision or "bf16", window_max, sinks, archs, name, kv_cache)
+        return _build_cuda(model, out, precision or "bf16", window_max, sinks, archs, name, kv_cache, fp8_rounding,
+                           calibration)
     config = BuildConfig(target=target, out=out, precision=precision or "fp32", batch=batch, seq=seq, dims=tuple(dims),
                          strict=strict, parity=not no_parity, parity_tolerance=tolerance, name=name,
                          attention_body=attention_body, cached_attention=cached_attention,
@@ -77,7 +83,8 @@ def build(model, target, out, precision, batch, seq, dims, strict, no_parity, to
                + fusion_summary(m.sections.get("passes", [])))
 
 
-def _build_cuda(model, out, precision, window_max, sinks, archs, name, kv_cache=None) -> None:
+def _build_cuda(model, out, precision, window_max, sinks, archs, name, kv_cache=None, fp8_rounding="gptq",
+                calibration=None) -> None:
     from rich.console import Console
 
     from edgeattn.bundle.cuda_build import CudaBuildConfig, build_cuda
@@ -86,7 +93,8 @@ def _build_cuda(model, out, precision, window_max, sinks, archs, name, kv_cache=
         archs = "sm_90,sm_110" if "fp8" in (precision, kv_cache) else "sm_87,sm_90,sm_110"
     chosen = () if archs.strip().lower() == "none" else tuple(a.strip() for a in archs.split(",") if a.strip())
     config = CudaBuildConfig(out=out or Path(f"{Path(str(model)).name}.cuda.edgeattn"), precision=precision,
-                             sinks=sinks, window_max=window_max, archs=chosen, name=name, kv_cache=kv_cache)
+                             sinks=sinks, window_max=window_max, archs=chosen, name=name, kv_cache=kv_cache,
+                             fp8_rounding=fp8_rounding, calibration=calibration)
     console = Console(stderr=True)
     with console.status("building") as status:
         bundle = build_cuda(str(model), config, progress=lambda msg: (status.update(msg), console.print(f"[dim]{msg}[/]")))

@@ -15,6 +15,7 @@ activation rounding. The LM head and the embedding stay bf16.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from edgeattn.errors import BuildError, TargetError
 from edgeattn.optional import require
@@ -27,6 +28,7 @@ MIN_SM = 89  # FP8 tensor cores: Ada sm_89, Hopper sm_90, Blackwell and Thor; no
 MIN_GAIN = 1.05  # FP8 is chosen where the table says it is at least 5% faster than bf16
 PAD_M = 16  # torch._scaled_mm: K and N multiples of 16; the token count is padded to one too
 MATRICES = ("wqkv", "wo", "wgu", "wd")  # per layer; the LM head and the embedding stay bf16
+_TAP = None  # tapped(): a function that sees every product's input (fp8_gptq.input_hessians while it calibrates)
 
 
 def check_fp8_gpu(name: str, sm: int, what: str) -> None:
@@ -50,15 +52,35 @@ def quantize_weight(w, what: str):
     return w8, scale
 
 
-def quantize_state_dict(tensors: dict, layers: int) -> dict:
+def quantize_state_dict(tensors: dict, layers: int, hessians: dict | None = None, progress=None) -> dict:
     """A packed state dict (decode_step.PackedDecoder.state_dict) with its per-layer matrices in FP8: each
-    `name.i` becomes float8_e4m3fn and gains `name.i.scale` (fp32 [N])."""
+    `name.i` becomes float8_e4m3fn and gains `name.i.scale` (fp32 [N]). With `hessians` (fp8_gptq.input_hessians)
+    each matrix is rounded with error feedback (fp8_gptq.round_gptq), else to nearest. `progress(done, total)`
+    after each matrix."""
     out = dict(tensors)
-    for name in MATRICES:
-        for i in range(layers):
-            key = f"{name}.{i}"
+    total = len(MATRICES) * layers
+    for n, (name, i) in enumerate((name, i) for name in MATRICES for i in range(layers)):
+        key = f"{name}.{i}"
+        if hessians is None:
             out[key], out[f"{key}.scale"] = quantize_weight(tensors[key], key)
+        else:
+            from edgeattn.runtime.cuda.fp8_gptq import round_gptq
+
+            out[key], out[f"{key}.scale"] = round_gptq(tensors[key], hessians[key], what=key)
+        if progress is not None:
+            progress(n + 1, total)
     return out
+
+
+@contextmanager
+def tapped(fn):
+    """Within the block, `fn(x, w)` sees the input of every `linear` before the product runs."""
+    global _TAP
+    before, _TAP = _TAP, fn
+    try:
+        yield
+    finally:
+        _TAP = before
 
 
 def dequantize(w8, scale, dtype):
@@ -108,6 +130,8 @@ def choice(tokens: int, k: int, n: int) -> str:
 
 def linear(x, w, bias=None):
     """x [..., K] @ w.T (+ bias): w a tensor (plain F.linear) or an FP8 tuple from fp8_weights."""
+    if _TAP is not None:
+        _TAP(x, w)
     if not isinstance(w, tuple):
         return torch.nn.functional.linear(x, w, bias)
     w8, scale, fallback = w
@@ -153,4 +177,4 @@ def precision_plan(shape) -> dict:
 
 
 __all__ = ["E4M3_MAX", "MATRICES", "MIN_SM", "bucket", "check_fp8_gpu", "choice", "dequantize", "fp8_weights",
-           "linear", "matrix_shapes", "precision_plan", "quantize_state_dict", "quantize_weight"]
+           "linear", "matrix_shapes", "precision_plan", "quantize_state_dict", "quantize_weight", "tapped"]

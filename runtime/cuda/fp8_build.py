@@ -68,19 +68,53 @@ def calibrate(weights, prompts, *, margin: float = fp8_cache.MARGIN):
     return scales
 
 
-def fp8_tensors(packed, tensors: dict, *, weights: bool, cache: bool, encode) -> dict:
+ROUNDINGS = ("gptq", "nearest")  # how FP8 weights are rounded: with error feedback (fp8_gptq.py), or to nearest
+WEIGHT_CALIBRATION_DOCS = 16  # documents of the calibration text read for the weights' Hessians (~4,000 tokens)
+
+
+def weight_calibration_texts(path=None) -> tuple[list[str], str]:
+    """(documents, what they are) for the FP8 weights' error feedback: a text file, one document a line, or the
+    first documents of the lee_background corpus (the toolkit's default calibration text; `edgeattn[models]`)."""
+    from edgeattn import text
+
+    docs = text.read_texts(path)[:WEIGHT_CALIBRATION_DOCS]
+    return docs, (f"{path}" if path is not None else "lee_background") + f", first {len(docs)} documents"
+
+
+def fp8_tensors(packed, tensors: dict, *, weights: bool, cache: bool, encode, rounding: str = "gptq",
+                texts: list[str] | None = None, progress=None) -> tuple[dict, dict]:
     """A packed state dict with the FP8 parts: `kv_scale` (cache) calibrated on the float weights first, then
-    the per-layer matrices in FP8 (weights). Sets the packed decoder's cache scales (its cache size follows)."""
-    out = dict(tensors)
+    the per-layer matrices in FP8 (weights), rounded with error feedback from `texts` (rounding "gptq") or to
+    nearest. Sets the packed decoder's cache scales (its cache size follows). -> (tensors, what the rounding did:
+    the manifest's `fp8.rounding`)."""
+    if rounding not in ROUNDINGS:
+        raise BuildError(f"fp8 rounding: expected one of {', '.join(ROUNDINGS)}, found {rounding!r}")
+    out, record = dict(tensors), {}
+    hessians = None
+    if weights and rounding == "gptq":  # the bf16 decoder's own inputs, before the cache turns FP8
+        from edgeattn.runtime.cuda.fp8_gptq import input_hessians
+
+        hessians, tokens = input_hessians(packed, [encode(t) for t in (texts or [])])
+        record = {"method": "gptq", "calibration_tokens": tokens}
     if cache:
         out["kv_scale"] = calibrate(packed, calibration_prompts(encode))
         packed.t["kv_scale"] = out["kv_scale"]
     if weights:
-        out = fp8.quantize_state_dict(out, packed.shape.layers)
-    return out
+        out = fp8.quantize_state_dict(out, packed.shape.layers, hessians, progress)
+        if hessians is None:
+            record = {"method": "nearest"}
+        else:  # the products' output error on the calibration inputs, both roundings (inspect shows it)
+            from edgeattn.runtime.cuda.fp8_gptq import output_error
+
+            errors = {"nearest": [], "gptq": []}
+            for key, h in hessians.items():
+                errors["gptq"].append(output_error(tensors[key], out[key], out[f"{key}.scale"], h))
+                errors["nearest"].append(output_error(tensors[key], *fp8.quantize_weight(tensors[key], key), h))
+            record["output_error"] = {k: float(sum(v) / len(v)) for k, v in errors.items()}
+    return out, record
 
 
-def precision_section(precision: dict, shape, *, weights: bool, cache: bool) -> dict:
+def precision_section(precision: dict, shape, *, weights: bool, cache: bool, rounding: dict | None = None) -> dict:
     """The manifest's `precision` with the FP8 parts: attention runs in bf16, the KV cache's type, and with FP8
     weights the per-matrix plan and the table it came from (fp8.precision_plan)."""
     layers = dict(precision.get("layers", {}))
@@ -89,7 +123,7 @@ def precision_section(precision: dict, shape, *, weights: bool, cache: bool) -> 
         layers["attention"] = "bf16"
     out = {**precision, "layers": layers, "kv_cache": layers["kv_cache"]}
     if weights:
-        out["fp8"] = fp8.precision_plan(shape)
+        out["fp8"] = {**fp8.precision_plan(shape), "rounding": rounding or {"method": "nearest"}}
     return out
 
 
@@ -110,6 +144,14 @@ def report_lines(precision: dict) -> list[str]:
             fp8_at = [k for k, v in chosen.items() if v == "fp8"]
             lines.append(f"  - {name} [{m['k']} x {m['n']}]: " + (f"fp8 from {fp8_at[0]} tokens ({', '.join(fp8_at)})"
                          if fp8_at else "bf16 at every token count (FP8 does not pay at this size)"))
+        r = plan.get("rounding", {"method": "nearest"})
+        if r["method"] == "gptq":
+            e = r.get("output_error", {})
+            lines.append(f"- fp8 rounding: with error feedback (GPTQ) from {r.get('calibration', 'calibration text')} "
+                         f"({r['calibration_tokens']} tokens); mean relative output error "
+                         f"{e.get('gptq', float('nan')):.2e} against {e.get('nearest', float('nan')):.2e} to nearest")
+        else:
+            lines.append("- fp8 rounding: to nearest")
     if precision.get("kv_cache") == "fp8":
         lines.append(f"- KV cache: fp8 (E4M3, one scale per layer and kv head, calibrated with a margin of "
                      f"{fp8_cache.MARGIN:g}x over the amax)")
@@ -126,5 +168,5 @@ def open_fp8(tensors: dict, manifest_precision: dict, *, kv_cache: str | None, e
     return out
 
 
-__all__ = ["CALIBRATION_TEXT", "calibrate", "calibration_prompts", "fp8_tensors", "open_fp8", "precision_section",
-           "report_lines"]
+__all__ = ["CALIBRATION_TEXT", "ROUNDINGS", "WEIGHT_CALIBRATION_DOCS", "calibrate", "calibration_prompts", "fp8_tensors", "open_fp8", "precision_section",
+           "report_lines", "weight_calibration_texts"]
