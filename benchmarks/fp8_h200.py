@@ -277,11 +277,11 @@ def variants(tensors, build, calibration, weight_calibration=None, nearest=False
     FP8 weights are rounded with error feedback (fp8_gptq, the build's default) from `weight_calibration` (token
     id lists; None: to nearest); `nearest` adds "fp8_weights_nearest" for the quality comparison."""
     from edgeattn.runtime.cuda import fp8, fp8_build
-    from edgeattn.runtime.cuda.fp8_gptq import input_hessians
+    from edgeattn.runtime.cuda.fp8_gptq import input_hessians, rounder
 
     layers = build(tensors, **shape).shape.layers
     hessians = input_hessians(build(tensors, **shape), weight_calibration)[0] if weight_calibration else None
-    w8 = fp8.fp8_weights(fp8.quantize_state_dict(tensors, layers, hessians))
+    w8 = fp8.fp8_weights(fp8.quantize_state_dict(tensors, layers, rounder(hessians) if hessians else None))
     scales = fp8_build.calibrate(build(tensors, **shape), calibration)
     out = {"bf16": build(tensors, **shape), "fp8_weights": build(w8, **shape),
            "fp8_cache": build({**tensors, "kv_scale": scales}, **shape),

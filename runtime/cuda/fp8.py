@@ -52,21 +52,16 @@ def quantize_weight(w, what: str):
     return w8, scale
 
 
-def quantize_state_dict(tensors: dict, layers: int, hessians: dict | None = None, progress=None) -> dict:
+def quantize_state_dict(tensors: dict, layers: int, rounder=None, progress=None) -> dict:
     """A packed state dict (decode_step.PackedDecoder.state_dict) with its per-layer matrices in FP8: each
-    `name.i` becomes float8_e4m3fn and gains `name.i.scale` (fp32 [N]). With `hessians` (fp8_gptq.input_hessians)
-    each matrix is rounded with error feedback (fp8_gptq.round_gptq), else to nearest. `progress(done, total)`
-    after each matrix."""
+    `name.i` becomes float8_e4m3fn and gains `name.i.scale` (fp32 [N]). `rounder(w, name) -> (w8, scale)`:
+    how a matrix is rounded (fp8_gptq.rounder: with error feedback), to nearest by default. `progress(done,
+    total)` after each matrix."""
     out = dict(tensors)
     total = len(MATRICES) * layers
     for n, (name, i) in enumerate((name, i) for name in MATRICES for i in range(layers)):
         key = f"{name}.{i}"
-        if hessians is None:
-            out[key], out[f"{key}.scale"] = quantize_weight(tensors[key], key)
-        else:
-            from edgeattn.runtime.cuda.fp8_gptq import round_gptq
-
-            out[key], out[f"{key}.scale"] = round_gptq(tensors[key], hessians[key], what=key)
+        out[key], out[f"{key}.scale"] = (rounder or quantize_weight)(tensors[key], key)
         if progress is not None:
             progress(n + 1, total)
     return out

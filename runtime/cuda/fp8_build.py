@@ -100,7 +100,9 @@ def fp8_tensors(packed, tensors: dict, *, weights: bool, cache: bool, encode, ro
         out["kv_scale"] = calibrate(packed, calibration_prompts(encode))
         packed.t["kv_scale"] = out["kv_scale"]
     if weights:
-        out = fp8.quantize_state_dict(out, packed.shape.layers, hessians, progress)
+        from edgeattn.runtime.cuda.fp8_gptq import rounder
+
+        out = fp8.quantize_state_dict(out, packed.shape.layers, rounder(hessians) if hessians else None, progress)
         if hessians is None:
             record = {"method": "nearest"}
         else:  # the products' output error on the calibration inputs, both roundings (inspect shows it)

@@ -91,6 +91,11 @@ def round_gptq(w, hessian, *, what: str = "weight", damp: float = DAMP, block: i
     return out, scale
 
 
+def rounder(hessians: dict):
+    """fp8.quantize_state_dict's `rounder`: each matrix rounded with error feedback from its Hessian."""
+    return lambda w, name: round_gptq(w, hessians[name], what=name)
+
+
 def output_error(w, w8, scale, hessian) -> float:
     """The relative error of the product's output on the calibration inputs, tr(E H E^T) / tr(W H W^T),
     E = dequantized - original: what `inspect` reports per rounding."""
@@ -100,4 +105,4 @@ def output_error(w, w8, scale, hessian) -> float:
     return float(((e @ h) * e).sum() / ((w32 @ h) * w32).sum().clamp_min(1e-30))
 
 
-__all__ = ["BLOCK", "DAMP", "MIN_TOKENS", "input_hessians", "output_error", "round_gptq"]
+__all__ = ["BLOCK", "DAMP", "MIN_TOKENS", "input_hessians", "output_error", "round_gptq", "rounder"]
