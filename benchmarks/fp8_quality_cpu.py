@@ -1,5 +1,6 @@
-"""FP8 weights' perplexity on the CPU: the cuda target's own prefill (runtime/cuda/prefill.py) on CPU tensors,
-bf16 against FP8 weights rounded with error feedback (GPTQ, the build's default) and to nearest.
+"""FP8 perplexity on the CPU: the cuda target's own prefill (runtime/cuda/prefill.py) on CPU tensors, bf16
+against FP8 weights rounded with error feedback (GPTQ, the build's default) and to nearest, and against the
+FP8 cache (`--variants bf16,fp8_cache,fp8_both`: attention reads every row as the cache keeps it).
 
     python benchmarks/fp8_h200.py pack --out .fp8pay                 # SmolLM2-135M's weights and token ids
     python benchmarks/fp8_quality_cpu.py --payload .fp8pay --out benchmarks/results/fp8_quality_cpu.json
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--payload", type=Path, required=True, help="pack's output folder")
     ap.add_argument("--chunks", type=int, default=0, help="chunks of 512 tokens (0: all of the held-out text)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", default="bf16,fp8_weights,fp8_weights_nearest",
+                    help="a comma list of bf16, fp8_weights, fp8_weights_nearest, fp8_cache, fp8_both")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from edgeattn.runtime.cuda.prefill import prefill_logits
@@ -55,7 +58,11 @@ def main() -> None:
     chunks = args.chunks or len(meta["heldout"]) // 512
     held = torch.tensor(meta["heldout"][:chunks * 512]).reshape(chunks, 512)
     ppl = {}
-    for name in ("bf16", "fp8_weights", "fp8_weights_nearest"):
+    names = ["bf16"] + [n for n in args.variants.split(",") if n and n != "bf16"]
+    unknown = set(names) - set(ws)
+    if unknown:
+        ap.error(f"--variants: expected names from {sorted(ws)}, found {sorted(unknown)}")
+    for name in names:
         nll = 0.0
         with torch.no_grad():
             for chunk in held:
@@ -65,7 +72,7 @@ def main() -> None:
         ppl[name] = round(math.exp(nll / (chunks * 511)), 3)
         print(f"{name:22s} perplexity {ppl[name]:8.3f}  {100 * (ppl[name] / ppl['bf16'] - 1):+.2f}% "
               f"({time.time() - t0:.0f} s)", flush=True)
-    res = {"what": "FP8 weights' perplexity on the CPU (cuda target's prefill, CPU tensors, bf16)",
+    res = {"what": "FP8 perplexity on the CPU (cuda target's prefill, CPU tensors, bf16)",
            "text": f"lee.cor (held out), {chunks} chunks of 512 tokens", "perplexity": ppl,
            "vs_bf16_pct": {k: round(100 * (v / ppl["bf16"] - 1), 2) for k, v in ppl.items() if k != "bf16"},
            "calibration_tokens": sum(len(ids) for ids in meta["weight_calibration"]), "torch": torch.__version__,

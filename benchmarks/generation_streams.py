@@ -1,6 +1,6 @@
 """Long text streams through a decoder bundle: perplexity past the model's positions, and flat memory.
 
-    python benchmarks/generation_streams.py prepare [--out build/gen]
+    python benchmarks/generation_streams.py prepare [--out build/gen] [--budget]
     python benchmarks/generation_streams.py perplexity [--tokens 20000] [--chunk 128] [--configs NAME,...]
     python benchmarks/generation_streams.py memory [--tokens 100000] [--chunk 256] [--window 512]
     python benchmarks/generation_streams.py table benchmarks/results/generation_streams_*.json
@@ -17,6 +17,10 @@ log-probability of each next token from the logits, aggregated per 1,000-token s
     full-stream    4-sink bundle, a cache larger than the stream: full attention with positions past 8,192
     window-1024    0-sink bundle, ring of 1,024: a plain sliding window
     sinks4-wW      4-sink bundle, ring of W (256, 512, 1024): StreamingLLM's sinks + window
+    budget-N       4-sink bundle exported with pages of 16 rows (`prepare --budget`), a ring of 4,096: the
+                   attention budget of N rows (260, 516, 1028: sinks 4 + W + k pages, AttentionBudget.from_total),
+                   the same rows read as sinks4-w(N - 4)
+    page16-wW      that bundle and ring with pages 0: the window alone (the same numbers as sinks4-wW)
 
 `memory` runs a long stream through a ring of `--window` rows and samples the cache's bytes and the
 process's resident memory every `--every` tokens.
@@ -42,7 +46,8 @@ GEN_DIR = ROOT / "build" / "gen"
 RESULTS = ROOT / "benchmarks" / "results"
 STRETCH = 1000  # tokens per perplexity row
 TRAINED_POSITIONS = 8192  # SmolLM2-135M's max_position_embeddings
-BUNDLES = {4: "smollm2_s4.edgeattn", 0: "smollm2_s0.edgeattn"}
+BUNDLES = {4: "smollm2_s4.edgeattn", 0: "smollm2_s0.edgeattn", "page": "smollm2_page16.edgeattn"}
+PAGE, BUDGET_RING = 16, 4096  # the budget runs: rows a page, and the ring the pages are chosen from
 
 
 # --------------------------------------------------------------------------------------------- the text
@@ -79,6 +84,21 @@ def prepare(out: Path, *, window_max: int = 2048) -> dict[int, Path]:
     return paths
 
 
+def prepare_budget(out: Path, *, window_max: int = 2048) -> Path:
+    """The 4-sink fp32 bundle exported with key bounds and retrieval pages of PAGE rows (skipped when present)."""
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder
+
+    bundle = out / BUNDLES["page"]
+    if not (bundle / "manifest.json").is_file():
+        onnx_path = out / f"smollm2_dec_page{PAGE}.onnx"  # generation_cpu.py prepare --budget's, when there
+        if not onnx_path.is_file():
+            export_decoder("smollm2", onnx_path, DecoderExportConfig(sinks=4, window_max=window_max, page=PAGE))
+        build(onnx_path, BuildConfig(target="cpu", out=bundle, seq=(1, 1, 256), dims=(("cache", (8, 68, 68)),)),
+              progress=print)
+    return bundle
+
+
 
 # ---------------------------------------------------------------------------------------------- perplexity
 
@@ -88,13 +108,21 @@ class StreamConfig:
     sinks: int  # which bundle: the sinks count is an attribute of the exported op
     window_max: int  # ring rows (the live window is the whole ring)
     tokens: int | None = None  # read only this many tokens of the stream (None: all of it)
+    budget: int = 0  # the page bundle: rows read (sinks + W + k pages), or with `window` the window alone
+    window: int = 0
+
+    @property
+    def bundle(self):
+        return "page" if self.budget or self.window else self.sinks
 
 
 def configurations(tokens: int) -> dict[str, StreamConfig]:
     full = [StreamConfig("full-8k", 4, 8000, min(tokens, 8000)),  # 4 + 8000 rows hold 8,000 tokens: nothing evicted
             StreamConfig("full-stream", 4, tokens)]  # a cache as large as the stream
     windows = [StreamConfig("window-1024", 0, 1024)] + [StreamConfig(f"sinks4-w{w}", 4, w) for w in (256, 512, 1024)]
-    return {c.name: c for c in full + windows}
+    budgets = [StreamConfig(f"budget-{w + 4}", 4, BUDGET_RING, budget=w + 4) for w in (256, 512, 1024)]
+    pages0 = [StreamConfig(f"page16-w{w}", 4, BUDGET_RING, window=w) for w in (256, 512, 1024)]
+    return {c.name: c for c in full + windows + budgets + pages0}
 
 
 def open_model(bundle: Path, window_max: int, threads: int):
@@ -112,13 +140,14 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lse - x[np.arange(len(targets)), targets]
 
 
-def stream_nll(model, ids: np.ndarray, chunk: int, *, progress=None) -> np.ndarray:
-    """Teacher forcing through DecoderModel.step: [len(ids) - 1] negative log-likelihoods of ids[1:]."""
+def stream_nll(model, ids: np.ndarray, chunk: int, *, progress=None, window: int = 0, pages: int = 0) -> np.ndarray:
+    """Teacher forcing through DecoderModel.step: [len(ids) - 1] negative log-likelihoods of ids[1:] (window 0:
+    the whole ring; `pages`: the attention budget's retrieval pages beyond the window)."""
     cache = model.new_cache(1)
     nll = np.empty(len(ids) - 1)
     for start in range(0, len(ids) - 1, chunk):
         piece = ids[start:start + chunk]
-        logits = model.step(cache, [0], piece[None], 0)[0]  # [S, V]; window 0: the whole ring
+        logits = model.step(cache, [0], piece[None], window, pages=pages)[0]  # [S, V]
         targets = ids[start + 1:start + 1 + len(piece)]
         nll[start:start + len(targets)] = token_nll(logits[:len(targets)], targets)
         if progress:
@@ -151,7 +180,15 @@ def summarise(nll: np.ndarray) -> dict:
 def run_perplexity(config: StreamConfig, ids: np.ndarray, *, chunk: int, threads: int, bundles: Path) -> dict:
     ids = ids[:config.tokens] if config.tokens else ids
     window_max = max(config.window_max, len(ids)) if config.name == "full-stream" else config.window_max
-    model = open_model(bundles / BUNDLES[config.sinks], window_max, threads)
+    model = open_model(bundles / BUNDLES[config.bundle], window_max, threads)
+    window, pages, split = config.window, 0, None
+    if config.budget:
+        from edgeattn.attention.budget import AttentionBudget
+
+        split = AttentionBudget.from_total(model.layout, config.budget, page=PAGE)
+        window, pages = split.window, split.pages
+        print(f"  {config.name}: sinks {split.sinks} + window {window} + {pages} pages of {PAGE} = {split.rows} rows "
+              f"of a ring of {window_max}", flush=True)
     t0 = time.perf_counter()
 
     def progress(done):
@@ -159,11 +196,12 @@ def run_perplexity(config: StreamConfig, ids: np.ndarray, *, chunk: int, threads
             print(f"  {config.name}: {done} tokens, {time.perf_counter() - t0:.0f} s", flush=True)
 
     try:
-        nll = stream_nll(model, ids, min(chunk, window_max), progress=progress)
+        nll = stream_nll(model, ids, min(chunk, window_max), progress=progress, window=window, pages=pages)
     finally:
         model.deactivate()
     seconds = time.perf_counter() - t0
     return {"config": config.name, "sinks": config.sinks, "window_max": window_max, "chunk": min(chunk, window_max),
+            "window": window, "pages": pages, "rows_read": split.rows if split else None,
             "tokens": int(len(ids)), "seconds": round(seconds, 1), "tokens_per_s": round(len(ids) / seconds, 1),
             "summary": summarise(nll), "stretches": stretches(nll)}
 
@@ -224,7 +262,8 @@ def memory_table(result: dict) -> str:
 
 # -------------------------------------------------------------------------------------------------- tables
 
-ORDER = ("full-8k", "full-stream", "window-1024", "sinks4-w256", "sinks4-w512", "sinks4-w1024")
+ORDER = ("full-8k", "full-stream", "window-1024", "sinks4-w256", "sinks4-w512", "sinks4-w1024", "page16-w256",
+         "budget-260", "page16-w512", "budget-516", "page16-w1024", "budget-1028")
 
 
 def perplexity_table(results: list[dict]) -> str:
@@ -273,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="export and build the 4-sink and 0-sink SmolLM2 bundles")
     p.add_argument("--out", type=Path, default=GEN_DIR)
+    p.add_argument("--budget", action="store_true", help="also the 4-sink bundle with pages (the budget-N runs)")
     p = sub.add_parser("perplexity", help="perplexity per 1,000-token stretch for each configuration")
     p.add_argument("--bundles", type=Path, default=GEN_DIR)
     p.add_argument("--tokens", type=int, default=20000)
@@ -295,13 +335,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "prepare":
         for sinks, path in prepare(args.out).items():
             print(f"sinks {sinks}: {path}")
+        if args.budget:
+            print(f"pages of {PAGE}: {prepare_budget(args.out)}")
     elif args.command == "perplexity":
-        ids = stream_ids(args.bundles / BUNDLES[4])
+        names = args.configs.split(",")
+        text_bundle = next((args.bundles / BUNDLES[k] for k in (4, "page") if (args.bundles / BUNDLES[k]).is_dir()),
+                           args.bundles / BUNDLES[4])  # any bundle: the tokenizer is the same
+        ids = stream_ids(text_bundle)
         if len(ids) < args.tokens:
             sys.exit(f"the text has {len(ids)} tokens, fewer than --tokens {args.tokens}")
         ids = ids[:args.tokens]
         table = configurations(args.tokens)
-        for name in args.configs.split(","):
+        for name in names:
             if name not in table:
                 sys.exit(f"--configs: expected names from {', '.join(table)}, found {name!r}")
             result = run_perplexity(table[name], ids, chunk=args.chunk, threads=args.threads, bundles=args.bundles)

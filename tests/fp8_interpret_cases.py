@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from edgeattn.plugins.kernels.ring_fp8 import dequantize_cache, ring_decode_fp8
+from edgeattn.plugins.kernels.ring_fp8 import dequantize_cache, dequantize_with_sinks, ring_decode_fp8
 from edgeattn.plugins.kernels.ring_ops import ring_attend
 
 out = {}
@@ -27,6 +27,17 @@ for sinks, wmax, window, positions in [(2, 40, 0, [5, 70]), (0, 33, 7, [1, 50])]
     for splits in (1, 2):  # one program a kv head (writes out), two (partials + the reduce kernel)
         got = ring_decode_fp8(q, qs, k8, v8, k_scale, v_scale, pos, win, sinks=sinks, splits=splits)
         out[f"{sinks}-{wmax}-{window}-{splits}"] = float((got[:, :, 0].double() - want).abs().max())
+    if sinks:  # sink rows from float buffers (x / scale in bf16, a spare row after them), not the FP8 rows
+        k_sink = (keys[:, :, :sinks + 1] / k_scale[None, :, None, None]).bfloat16()
+        v_sink = (values[:, :, :sinks + 1] / v_scale[None, :, None, None]).bfloat16()
+        want_s = ring_attend(q[:, :, 0].double(), qs[:, :, 0].double(),
+                             dequantize_with_sinks(k8, k_scale, k_sink, sinks, torch.float64),
+                             dequantize_with_sinks(v8, v_scale, v_sink, sinks, torch.float64), pos, win, sinks, 0.0, 0)
+        for splits in (1, 2):
+            got = ring_decode_fp8(q, qs, k8, v8, k_scale, v_scale, pos, win, sinks=sinks, splits=splits,
+                                  k_sinks=k_sink, v_sinks=v_sink)
+            out[f"{sinks}-{wmax}-{window}-{splits}-float-sinks"] = float((got[:, :, 0].double() - want_s).abs().max())
+        out[f"{sinks}-{wmax}-{window}-float-sinks-moved"] = float((want_s - want).abs().max())
     # the scales matter: the same bytes read with scale 1 give another answer
     one = torch.ones(h_kv)
     other = ring_decode_fp8(q, qs, k8, v8, one, one, pos, win, sinks=sinks, splits=1)

@@ -184,6 +184,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py prepare"): skip(BENCH),
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py perplexity"): skip(BENCH),
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py memory"): skip(BENCH),
+    ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py prepare --budget"): skip(BENCH),
+    ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py perplexity --configs "
+                           "budget-260,budget-516,budget-1028,page16-w512"): skip(BENCH),
     ("docs/generation.md", ".venv/bin/python benchmarks/generation_streams.py table "
                            "benchmarks/results/generation_streams_*.json"): Case(
         "ci", in_repo=True, subs=((".venv/bin/python", sys.executable),), why="this environment's Python"),

@@ -132,7 +132,9 @@ def test_fp8_weights_and_cache_follow_the_float_decoder():
     ref, _, _ = steps(weights, tokens)
     both = fp8_decoder(weights, [torch.randint(0, 96, (24,)).tolist()])
     assert both.cache_dtype == torch.float8_e4m3fn
-    assert both.cache_bytes_per_stream() * 4 == weights.cache_bytes_per_stream()  # fp32 here: a quarter
+    s = weights.shape  # fp32 here: a quarter, and the float sink buffers (sinks + a spare row)
+    sink_bytes = 2 * s.layers * s.kv_heads * (s.sinks + 1) * s.head_dim * 4
+    assert both.cache_bytes_per_stream() * 4 == weights.cache_bytes_per_stream() + 4 * sink_bytes
     got, keys, _ = steps(both, tokens)
     assert keys[0].dtype == torch.float8_e4m3fn and keys[0].float().abs().max() > 0
     assert rel(got, ref) < 0.08, rel(got, ref)
@@ -160,7 +162,38 @@ def test_prefill_writes_the_same_fp8_rows_the_steps_write():
         prefill_logits(weights, tokens[0, :8], 0, 0, keys, values, 0)
         last = prefill_logits(weights, tokens[0, 8:], 8, 0, keys, values, 0)  # reads the first chunk's FP8 rows
     assert torch.equal(keys[1].view(torch.uint8)[:, :, :12], k_steps[1].view(torch.uint8)[:, :, :12])
+    assert torch.allclose(keys.sinks[1][:, :, :2], k_steps.sinks[1][:, :, :2], rtol=1e-5)  # the float sink rows
     assert torch.allclose(last[0], by_steps[0, -1], atol=1e-4)
+
+
+def test_the_sink_rows_are_read_from_the_float_buffers():
+    """An FP8 cache keeps its sink rows also in the weights' float type (fp8_cache.Layers.sinks) and attention
+    reads them from there: wiping the FP8 sink rows changes nothing, wiping the buffers changes the logits."""
+    float_weights = PackedDecoder.from_hf(tiny(), sinks=2, window_max=16)
+    weights = fp8_decoder(float_weights, [list(range(30))], linear=False)
+    tokens = torch.randint(0, 96, (2, 24))
+    _, keys, values = steps(weights, tokens[:, :-1])
+    _, k_float, _ = steps(float_weights, tokens[:, :2])
+    # the buffers hold x / scale of positions 0 and 1 in the float type (fp32 here); row 2 is the spare row
+    assert keys.sinks[0].shape == (2, 2, 3, 16) and keys.sinks[0].dtype == torch.float32
+    kept = fp8_cache.load(keys[0][:, :, :2], weights.t["kv_scale"][0, 0], torch.float32, keys.sinks[0])
+    assert torch.allclose(kept, k_float[0][:, :, :2], atol=1e-6)  # layer 0's keys do not depend on the cache
+
+    def next_logits():
+        with torch.no_grad():
+            return decode_logits(weights, tokens[:, -1], torch.full((2,), 23), torch.tensor(0), keys, values)
+
+    k0, v0 = [t.clone() for t in keys], [t.clone() for t in values]
+    want = next_logits()
+    for layers, saved in ((keys, k0), (values, v0)):
+        for t, t0 in zip(layers, saved):
+            t.copy_(t0)
+            t[:, :, :2] = 0  # the FP8 copies of the sink rows: not read
+    assert torch.equal(next_logits(), want)
+    for layers in (keys.sinks, values.sinks):
+        for t in layers:
+            t[:, :, :2] = 0
+    assert not torch.allclose(next_logits(), want, atol=1e-3)
 
 
 def test_calibration_refuses_zero_scales():
@@ -179,6 +212,8 @@ def test_the_fp8_ring_kernel_matches_the_dequantized_reference_interpreted():
     for name, err in errors.items():
         if name.endswith("unscaled"):
             assert err > 0.05, (name, err)  # reading without the scales is wrong: the test can see them
+        elif name.endswith("moved"):
+            assert err > 1e-3, (name, err)  # the float sink rows give another answer than their FP8 copies
         else:
             assert err < 2e-3, (name, err)  # fp16 queries and probabilities, fp32 accumulation
 
@@ -268,3 +303,21 @@ def test_auto_takes_the_linked_pieces_for_fp8():
     assert DecodeGraph(both, keys, values, batch=2, compile="auto").compile == "linked"
     keys, values = weights.new_cache(2)
     assert DecodeGraph(weights, keys, values, batch=2, compile="auto").compile == "fused"
+
+
+def test_the_float_sink_rows_move_and_swap_with_their_stream():
+    from edgeattn.runtime.cuda.backend import CudaCache
+
+    weights = fp8_decoder(PackedDecoder.from_hf(tiny(), sinks=2, window_max=16), [list(range(20))], linear=False)
+    cache = CudaCache(weights, 3)
+    assert len(cache.sinks) == 2 * weights.shape.layers
+    for i, t in enumerate(cache.sinks):
+        t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + i)
+    before = [t.clone() for t in cache.sinks]
+    cache.positions[:] = [5, 0, 7]
+    cache.move(0, 1)
+    assert all(torch.equal(t[1], b[0]) for t, b in zip(cache.sinks, before))
+    cache.swap(1, 2)
+    assert all(torch.equal(t[2], b[0]) and torch.equal(t[1], b[2]) for t, b in zip(cache.sinks, before))
+    ring = sum(t.numel() for t in cache.keys + cache.values)  # FP8: a byte a value
+    assert cache.nbytes == ring + sum(t.numel() * t.element_size() for t in cache.sinks)

@@ -253,7 +253,7 @@ def compile_variant(variant: KernelVariant, arch: str | int, *, ptx_version: int
             signature[name] = "*fp8e4nv"
         elif name in ("KS", "VS"):
             signature[name] = "*fp32"
-        elif name in ("Q", "QS", "K", "V", "Out", "KN", "VN", "Bounds"):
+        elif name in ("Q", "QS", "K", "V", "Out", "KN", "VN", "Bounds", "SK", "SV"):  # SK, SV: FP8 cache sinks
             signature[name] = DTYPES[variant.dtype]
         elif name in ("Window", "Pos", "Pages"):
             signature[name] = "*i64"

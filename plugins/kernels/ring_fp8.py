@@ -58,13 +58,14 @@ def _ring_blocks_fp8(acc, l_i, m_i, q, K, V, kv_base, stride_kn, stride_vn, offs
 
 @triton.jit
 def _ring_fp8_split_kernel(
-    Q, QS, K, V, KS, VS, Pos, Window,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vn,
+    Q, QS, K, V, KS, VS, Pos, Window, SK, SV,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vn, stride_sb, stride_sh, stride_sn,
     H_kv, GROUP, C, sinks, sm_scale,
     PartO, PartM, PartL, Out, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):
-    # as cached_decode._cached_decode_split_kernel; k, v: [B, H_kv, C, D] float8_e4m3fn; ks, vs: [H_kv] fp32
+    # as cached_decode._cached_decode_split_kernel; k, v: [B, H_kv, C, D] float8_e4m3fn; ks, vs: [H_kv] fp32;
+    # sk, sv: the sink rows (x / scale, any float type, or the FP8 cache itself), strides stride_s*
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H_kv).to(tl.int64)
@@ -96,7 +97,8 @@ def _ring_fp8_split_kernel(
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + NEG_BIG
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    acc, l_i, m_i = _ring_blocks_fp8(acc, l_i, m_i, qs, K, V, kv_base, stride_kn, stride_vn, offs_d,
+    acc, l_i, m_i = _ring_blocks_fp8(acc, l_i, m_i, qs, SK, SV, b * stride_sb + hk * stride_sh, stride_sn,
+                                     stride_sn, offs_d,
                                      tl.minimum(t0, nsb) * BLOCK_N, tl.minimum(t1, nsb) * BLOCK_N, n_sink, 0,
                                      sinks, wmax, qk_scale, True, BLOCK_N)
     acc, l_i, m_i = _ring_blocks_fp8(acc, l_i, m_i, q, K, V, kv_base, stride_kn, stride_vn, offs_d,
@@ -115,13 +117,23 @@ def _ring_fp8_split_kernel(
 
 
 def ring_decode_fp8(q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window, *, sinks: int,
-                    scale: float = 0.0, splits: int | None = None, tile: tuple[int, int, int] | None = None):
+                    scale: float = 0.0, splits: int | None = None, tile: tuple[int, int, int] | None = None,
+                    k_sinks=None, v_sinks=None):
     """cached_decode.cached_decode over an FP8 cache: k_cache, v_cache [B, H_kv, C, D] float8_e4m3fn; k_scale,
-    v_scale [H_kv] fp32. `tile`: (BLOCK_N, num_warps, num_stages), FP8_TILE by default. Returns [B, H, 1, D]
-    in q's dtype."""
+    v_scale [H_kv] fp32; k_sinks, v_sinks: the sink rows kept in a float type ([B, H_kv, >= sinks, D], x / scale,
+    fp8_cache.Layers), else the cache's own FP8 sink rows. `tile`: (BLOCK_N, num_warps, num_stages), FP8_TILE by
+    default. Returns [B, H, 1, D] in q's dtype."""
     from edgeattn.plugins.kernels.cached_decode import cached_decode_splits
 
     q, q_sink, k_cache, v_cache = (last_dim_contiguous(t) for t in (q, q_sink, k_cache, v_cache))
+    if (k_sinks is None) != (v_sinks is None):
+        raise ValueError("ring_decode_fp8: expected both k_sinks and v_sinks or neither, found one")
+    if k_sinks is None:
+        k_sinks, v_sinks = k_cache, v_cache
+    k_sinks, v_sinks = last_dim_contiguous(k_sinks), last_dim_contiguous(v_sinks)
+    if k_sinks.stride() != v_sinks.stride() or k_sinks.shape[2] < sinks:
+        raise ValueError(f"ring_decode_fp8: expected sink buffers of one layout holding >= {sinks} rows, found "
+                         f"{tuple(k_sinks.shape)} strides {k_sinks.stride()} and {v_sinks.stride()}")
     b, h, s_q, d = q.shape
     if s_q != 1:
         raise ValueError(f"ring_decode_fp8: expected one query per stream, found S_q = {s_q}")
@@ -139,8 +151,9 @@ def ring_decode_fp8(q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, wi
     part_l = torch.empty_like(part_m)
     out = torch.empty_like(q)
     _ring_fp8_split_kernel[(n_split, b * h_kv)](
-        q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window,
+        q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window, k_sinks, v_sinks,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2),
+        k_sinks.stride(0), k_sinks.stride(1), k_sinks.stride(2),
         h_kv, group, c, int(sinks), float(scale or d ** -0.5),
         part_o, part_m, part_l, out, out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=n_split, num_warps=warps, num_stages=stages,
@@ -159,31 +172,45 @@ def dequantize_cache(cache, cache_scale, dtype):
     return (cache.float() * cache_scale.float()[None, :, None, None]).to(dtype)
 
 
+def dequantize_with_sinks(cache, cache_scale, sink_rows, sinks: int, dtype):
+    """dequantize_cache, the first `sinks` rows taken from `sink_rows` (x / scale in a float type) when given."""
+    out = dequantize_cache(cache, cache_scale, dtype)
+    if sink_rows is not None:
+        out[:, :, :sinks] = dequantize_cache(sink_rows[:, :, :sinks], cache_scale, dtype)
+    return out
+
+
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def ring_attend_fp8(q: torch.Tensor, q_sink: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     k_scale: torch.Tensor, v_scale: torch.Tensor, positions: torch.Tensor, window: torch.Tensor,
-                    sinks: int, scale: float, splits: int) -> torch.Tensor:
-    """ring_ops.ring_attend over an FP8 cache (the new rows already written). Reference for non-CUDA devices:
-    the float attention over the dequantized cache."""
+                    sinks: int, scale: float, splits: int, k_sinks: torch.Tensor | None = None,
+                    v_sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """ring_ops.ring_attend over an FP8 cache (the new rows already written), its sink rows from k_sinks /
+    v_sinks when given. Reference for non-CUDA devices: the float attention over the dequantized cache."""
     from edgeattn.plugins.kernels.ring_ops import ring_attend
 
     b = q.shape[0]
-    keys = dequantize_cache(k_cache[:b], k_scale, torch.float32)
-    values = dequantize_cache(v_cache[:b], v_scale, torch.float32)
+    keys = dequantize_with_sinks(k_cache[:b], k_scale, None if k_sinks is None else k_sinks[:b], sinks, torch.float32)
+    values = dequantize_with_sinks(v_cache[:b], v_scale, None if v_sinks is None else v_sinks[:b], sinks,
+                                   torch.float32)
     return ring_attend(q.float(), q_sink.float(), keys, values, positions, window, sinks, scale, splits).to(q.dtype)
 
 
 @ring_attend_fp8.register_kernel("cuda")
-def _ring_attend_fp8_cuda(q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window, sinks, scale, splits):
+def _ring_attend_fp8_cuda(q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window, sinks, scale, splits,
+                          k_sinks=None, v_sinks=None):
     b = q.shape[0]
     out = ring_decode_fp8(q[:, :, None], q_sink[:, :, None], k_cache[:b], v_cache[:b], k_scale, v_scale, positions,
-                          window, sinks=sinks, scale=scale, splits=splits or None)
+                          window, sinks=sinks, scale=scale, splits=splits or None,
+                          k_sinks=None if k_sinks is None else k_sinks[:b],
+                          v_sinks=None if v_sinks is None else v_sinks[:b])
     return out[:, :, 0]
 
 
 @ring_attend_fp8.register_fake
-def _ring_attend_fp8_fake(q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window, sinks, scale, splits):
+def _ring_attend_fp8_fake(q, q_sink, k_cache, v_cache, k_scale, v_scale, positions, window, sinks, scale, splits,
+                          k_sinks=None, v_sinks=None):
     return torch.empty_like(q)
 
 
-__all__ = ["OP_NAME", "dequantize_cache", "ring_attend_fp8", "ring_decode_fp8"]
+__all__ = ["OP_NAME", "dequantize_cache", "dequantize_with_sinks", "ring_attend_fp8", "ring_decode_fp8"]

@@ -49,8 +49,13 @@ class CudaCache(StreamPositions):
         return int.from_bytes(os.urandom(7), "little")
 
     @property
+    def sinks(self) -> list:
+        """An FP8 cache's float sink buffers (fp8_cache.Layers), keys' then values', else []."""
+        return [t for layers in (self.keys, self.values) for t in (getattr(layers, "sinks", None) or [])]
+
+    @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values + self.sinks)
 
     def reset(self, stream: int) -> None:
         super().reset(stream)
@@ -59,6 +64,8 @@ class CudaCache(StreamPositions):
 
     def move(self, src: int, dst: int) -> None:
         attention_budget.move_bounds(self, src, dst)
+        for t in self.sinks:
+            t[dst] = t[src]
         super().move(src, dst)
         p = self.sampling
         for t in p.tensors:
@@ -72,6 +79,8 @@ class CudaCache(StreamPositions):
 
     def swap(self, a: int, b: int) -> None:
         attention_budget.swap_bounds(self, a, b)
+        for t in self.sinks:
+            t[[a, b]] = t[[b, a]]
         super().swap(a, b)
         p = self.sampling
         for t in p.tensors:

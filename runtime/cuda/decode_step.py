@@ -122,10 +122,15 @@ class PackedDecoder:
         return self.t["embed"].dtype
 
     def new_cache(self, streams: int):
-        """keys, values: per layer [streams, H_kv, sinks + W_max, D] on the weights' device, zero-filled."""
+        """keys, values: per layer [streams, H_kv, sinks + W_max, D] on the weights' device, zero-filled
+        (fp8_cache.Layers; an FP8 cache's also hold its float sink buffers, [streams, H_kv, sinks + 1, D])."""
         s = self.shape
         size = (streams, s.kv_heads, s.capacity, s.head_dim)
-        make = lambda: [torch.zeros(size, dtype=self.cache_dtype, device=self.device) for _ in range(s.layers)]  # noqa: E731
+        zeros = lambda size, dtype: [torch.zeros(size, dtype=dtype, device=self.device)  # noqa: E731
+                                     for _ in range(s.layers)]
+        fp8 = self.t.get("kv_scale") is not None
+        make = lambda: fp8_cache.Layers.of(zeros(size, self.cache_dtype), zeros(  # noqa: E731
+            (streams, s.kv_heads, s.sinks + 1, s.head_dim), self.dtype) if fp8 else None)
         return make(), make()
 
     @property
@@ -135,8 +140,10 @@ class PackedDecoder:
 
     def cache_bytes_per_stream(self) -> int:
         s = self.shape
-        item = 1 if self.t.get("kv_scale") is not None else self.t["embed"].element_size()
-        return 2 * s.layers * s.kv_heads * s.capacity * s.head_dim * item
+        if self.t.get("kv_scale") is None:
+            return 2 * s.layers * s.kv_heads * s.capacity * s.head_dim * self.t["embed"].element_size()
+        sinks = (s.sinks + 1) * self.t["embed"].element_size()  # the float sink buffers (fp8_cache.Layers)
+        return 2 * s.layers * s.kv_heads * (s.capacity + sinks) * s.head_dim
 
 
 def _rms_norm(torch, x, w, eps):
@@ -178,21 +185,21 @@ def layer_tail(h, o, wo, ln2, wgu, wd, *, shape: DecoderShape):
 
 
 def head_writing(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams, rows, *,
-                 shape: DecoderShape, k_scale=None, v_scale=None):
+                 shape: DecoderShape, k_scale=None, v_scale=None, k_sinks=None, v_sinks=None):
     """layer_head that also writes the new key and value rows into the layer's cache (in place) -> (q, q_sink)."""
     q, q_s, k, v = layer_head(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, shape=shape)
-    fp8_cache.store(k_cache, streams, rows, k, k_scale)  # FP8 rows when the scales are given
-    fp8_cache.store(v_cache, streams, rows, v, v_scale)
+    fp8_cache.store(k_cache, streams, rows, k, k_scale, k_sinks)  # FP8 rows when the scales are given
+    fp8_cache.store(v_cache, streams, rows, v, v_scale, v_sinks)
     return q, q_s
 
 
 def layer_link(h, o, wo, ln2, wgu, wd, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams,
-               rows, *, shape: DecoderShape, k_scale=None, v_scale=None):
+               rows, *, shape: DecoderShape, k_scale=None, v_scale=None, k_sinks=None, v_sinks=None):
     """One layer's tail and the next layer's head (with its cache write) as one piece: the residual, the norm
     and the rotation between them fuse."""
     h = layer_tail(h, o, wo, ln2, wgu, wd, shape=shape)
     return (h, *head_writing(h, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, k_cache, v_cache, streams, rows,
-                             shape=shape, k_scale=k_scale, v_scale=v_scale))
+                             shape=shape, k_scale=k_scale, v_scale=v_scale, k_sinks=k_sinks, v_sinks=v_sinks))
 
 
 def decode_linked(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
@@ -210,24 +217,27 @@ def decode_linked(w: PackedDecoder, ids, positions, window, keys, values, splits
     rows = torch.where(p < s.sinks, p, s.sinks + torch.remainder(p - s.sinks, s.window_max))
     h = F.embedding(ids, t["embed"])  # h: [B, hidden]
     q, q_s = first(h, t["ln1"][0], t["wqkv"][0], t["bqkv"][0], t["qn"][0], t["kn"][0], cos, sin, cos_s, sin_s,
-                   keys[0], values[0], streams, rows, shape=s, **_scales(w, 0))
+                   keys[0], values[0], streams, rows, shape=s, **_fp8_args(w, keys, values, 0))
     for i in range(s.layers):
         o = fp8_cache.attend(q, q_s, keys[i], values[i], *fp8_cache.layer_scales(w, i), positions, window, s.sinks,
-                             s.scale, splits)  # ring_attend, or its FP8 form
+                             s.scale, splits, *fp8_cache.sink_buffers(keys, values, i))  # ring_attend, or FP8
         if i + 1 == s.layers:
             h = tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
             break
         j = i + 1
         h, q, q_s = link(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], t["ln1"][j], t["wqkv"][j],
                          t["bqkv"][j], t["qn"][j], t["kn"][j], cos, sin, cos_s, sin_s, keys[j], values[j], streams,
-                         rows, shape=s, **_scales(w, j))
+                         rows, shape=s, **_fp8_args(w, keys, values, j))
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
 
 
-def _scales(w: PackedDecoder, i: int) -> dict:
-    """head_writing's FP8 cache scales for layer i (none for a float cache: the keyword defaults)."""
+def _fp8_args(w: PackedDecoder, keys, values, i: int) -> dict:
+    """head_writing's FP8 cache scales and sink buffers for layer i (none for a float cache: the defaults)."""
     k_scale, v_scale = fp8_cache.layer_scales(w, i)
-    return {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+    if k_scale is None:
+        return {}
+    k_sinks, v_sinks = fp8_cache.sink_buffers(keys, values, i)
+    return {"k_scale": k_scale, "v_scale": v_scale, "k_sinks": k_sinks, "v_sinks": v_sinks}
 
 
 def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits: int = 0, *,
@@ -249,9 +259,11 @@ def decode_logits(w: PackedDecoder, ids, positions, window, keys, values, splits
             ks, vs = fp8_cache.layer_scales(w, i)
             streams, p = torch.arange(ids.shape[0], device=ids.device), positions.to(torch.int64)
             rows = torch.where(p < s.sinks, p, s.sinks + torch.remainder(p - s.sinks, s.window_max))
-            fp8_cache.store(keys[i], streams, rows, k, ks)
-            fp8_cache.store(values[i], streams, rows, v, vs)
-            o = fp8_cache.attend(q, q_s, keys[i], values[i], ks, vs, positions, window, s.sinks, s.scale, splits)
+            k_sinks, v_sinks = fp8_cache.sink_buffers(keys, values, i)
+            fp8_cache.store(keys[i], streams, rows, k, ks, k_sinks)
+            fp8_cache.store(values[i], streams, rows, v, vs, v_sinks)
+            o = fp8_cache.attend(q, q_s, keys[i], values[i], ks, vs, positions, window, s.sinks, s.scale, splits,
+                                 k_sinks, v_sinks)
         else:
             o = torch.ops.edgeattn.ring_decode(q, q_s, k, v, keys[i], values[i], positions, window, s.sinks, s.scale,
                                                splits)
@@ -428,10 +440,15 @@ def _sampled(params):
 
 
 _COMPILED: dict = {}
+RECOMPILE_LIMIT = 32
 
 
 def _compiled(torch, fn):
     """One torch.compile wrapper per piece for the process (its compilations are shared by every graph)."""
     if fn not in _COMPILED:
+        # one piece serves every layer, cache type (float or FP8, with its sink buffers) and weight type: more
+        # variants than dynamo's default of 8 recompilations in one process that runs several
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
         _COMPILED[fn] = torch.compile(fn, fullgraph=True)  # a second batch size makes the batch dim dynamic
     return _COMPILED[fn]

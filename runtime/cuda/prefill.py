@@ -106,9 +106,11 @@ def prefill_batch(w: PackedDecoder, ids, lengths, starts, window: int, keys, val
                                   cos_s, sin_s, shape=s)  # q: [T, H, D]; k, v: [T, H_kv, D]
         kc, vc = keys[i], values[i]  # [streams, H_kv, C, D]
         ks, vs = fp8_cache.layer_scales(w, i)  # an FP8 cache: attention sees the rows as the cache keeps them
+        k_sinks, v_sinks = fp8_cache.sink_buffers(keys, values, i)  # its float sink rows (fp8_cache.Layers)
         if ks is not None:
-            k, v = fp8_cache.roundtrip(k, ks), fp8_cache.roundtrip(v, vs)
-        _write(kc, vc, k, v, before, ks, vs)
+            kept = None if k_sinks is None else positions < s.sinks
+            k, v = fp8_cache.roundtrip(k, ks, kept), fp8_cache.roundtrip(v, vs, kept)
+        _write(kc, vc, k, v, before, ks, vs, k_sinks, v_sinks)
         o = torch.empty_like(q)
         for kind, g in groups.items():
             if kind == "first":
@@ -116,33 +118,39 @@ def prefill_batch(w: PackedDecoder, ids, lengths, starts, window: int, keys, val
                                                      enable_gqa=True)
             elif kind == "later":
                 members, span, mask = extra["later"]
-                past_k = _heads(_read(kc[members, :, :span], ks, q.dtype), s)
-                past_v = _heads(_read(vc[members, :, :span], vs, q.dtype), s)
+                past_k = _heads(_read(kc[members, :, :span], ks, q.dtype, _rows(k_sinks, members)), s)
+                past_v = _heads(_read(vc[members, :, :span], vs, q.dtype, _rows(v_sinks, members)), s)
                 out = F.scaled_dot_product_attention(g.pad(q), past_k, past_v, attn_mask=mask, scale=s.scale)
             else:
                 members, cache_position, wt = extra["ring"]
-                past_k, past_v = _read(kc[members], ks, q.dtype), _read(vc[members], vs, q.dtype)
+                past_k = _read(kc[members], ks, q.dtype, _rows(k_sinks, members))
+                past_v = _read(vc[members], vs, q.dtype, _rows(v_sinks, members))
                 out = cached_windowed_attention(g.pad(q), g.pad(q_s), g.pad(k), g.pad(v), past_k, past_v,
                                                 cache_position, wt, sinks=s.sinks, scale=s.scale)
             g.unpad_into(o, out)
-        _write(kc, vc, k, v, after, ks, vs)
+        _write(kc, vc, k, v, after, ks, vs, k_sinks, v_sinks)
         h = layer_tail(h, o, t["wo"][i], t["ln2"][i], t["wgu"][i], t["wd"][i], shape=s)
     if last_only:
         h = h[torch.as_tensor(offsets + lengths - 1, device=dev)]
     return F.linear(_rms_norm(torch, h, t["norm"], s.eps), t["lm_head"])
 
 
-def _write(kc, vc, k, v, where, k_scale=None, v_scale=None) -> None:
-    """Rows of some packed tokens into their streams' cache rows (in place; FP8 with the scales)."""
+def _write(kc, vc, k, v, where, k_scale=None, v_scale=None, k_sinks=None, v_sinks=None) -> None:
+    """Rows of some packed tokens into their streams' cache rows (in place; FP8 with the scales, the sink rows
+    also into the float sink buffers)."""
     streams, slots, tokens = where
     if tokens.numel():
-        fp8_cache.store(kc, streams, slots, k[tokens], k_scale)
-        fp8_cache.store(vc, streams, slots, v[tokens], v_scale)
+        fp8_cache.store(kc, streams, slots, k[tokens], k_scale, k_sinks)
+        fp8_cache.store(vc, streams, slots, v[tokens], v_scale, v_sinks)
 
 
-def _read(rows, scale, dtype):
-    """Cache rows [n, H_kv, L, D] in `dtype` (an FP8 cache's dequantized)."""
-    return rows if scale is None else fp8_cache.load(rows, scale, dtype)
+def _rows(buffers, members):
+    return None if buffers is None else buffers[members]
+
+
+def _read(rows, scale, dtype, sinks=None):
+    """Cache rows [n, H_kv, L, D] from row 0 in `dtype` (an FP8 cache's dequantized, its sink rows from `sinks`)."""
+    return rows if scale is None else fp8_cache.load(rows, scale, dtype, sinks)
 
 
 def _heads(x, s):
