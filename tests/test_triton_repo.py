@@ -193,9 +193,10 @@ def test_decoder_bundle_is_a_decoupled_python_model_with_text_tensors(tiny_decod
     assert [(i.name, i.data_type, list(i.dims), i.optional) for i in config.input][:2] == [
         ("text_input", T.TYPE_STRING, [1], False), ("max_tokens", T.TYPE_INT32, [1], True)]
     assert {i.name for i in config.input} == {"text_input", "max_tokens", "temperature", "top_p", "top_k", "seed",
-                                              "window", "stop"}
+                                              "window", "attention_budget", "stop"}
     assert [(o.name, o.data_type) for o in config.output] == [
         ("text_output", T.TYPE_STRING), ("token_ids", T.TYPE_INT64), ("window", T.TYPE_INT32),
+        ("attention_budget", T.TYPE_INT32),
         ("finish_reason", T.TYPE_STRING)]
     assert config.instance_group[0].count == 2 and not config.HasField("dynamic_batching")
     assert "get_response_sender" in (folder / "1" / "model.py").read_text()  # the decoupled model

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import pytest
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import SINKS, requires_decoder_stack, tiny_decoder  # noqa: F401
 from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.bundle.folder import open_bundle
 from edgeattn.runtime.backends import open_backend
@@ -277,6 +277,7 @@ def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path,
     with Generator.open(bundle_path) as generator:
         expected = [generator.generate(p, GenerationConfig(max_tokens=12)) for p in prompts]
         windowed = generator.generate(prompts[0], GenerationConfig(max_tokens=12, window=8))
+        budgeted = generator.generate(prompts[0], GenerationConfig(max_tokens=12, budget=SINKS + 16))
         sampling = SamplingConfig(temperature=1.0, top_p=0.9, seed=7)
         sampled = generator.generate(prompts[1], GenerationConfig(max_tokens=16, sampling=sampling))
         assert len(set(sampled.tokens)) > 4 and len(sampled.text) > 12  # not one token repeated
@@ -289,7 +290,10 @@ def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path,
         assert_config_kept(repo / "dec" / "config.pbtxt", json.loads(response.read()))
     for body, message in (({"text_input": prompts[0], "window": 10_000}, "window: expected 0"),
                           ({"text_input": prompts[0], "max_tokens": 0}, "max_tokens: expected an integer >= 1"),
-                          ({"text_input": ""}, "empty prompt"), ({"prompt": prompts[0]}, "text_input")):
+                          ({"text_input": ""}, "empty prompt"), ({"prompt": prompts[0]}, "text_input"),
+                          ({"text_input": prompts[0], "attention_budget": SINKS + 32}, "retrieval pages"),
+                          ({"text_input": prompts[0], "attention_budget": SINKS + 16, "window": 8},
+                           "expected a window or a budget")):
         events = _generate_stream(server, "dec", body)  # each refused on its own; the model keeps serving
         assert len(events) == 1 and message in events[0]["error"], events
     for prompt, want in zip(prompts, expected):
@@ -300,7 +304,12 @@ def test_decoder_repository_streams_the_generator_tokens(tiny_decoder, tmp_path,
         assert [e["finish_reason"] for e in events] == [""] * (len(events) - 1) + [want.finish_reason]
     events = _generate_stream(server, "dec", {"text_input": prompts[0], "max_tokens": 12, "window": 8})
     assert _tokens(events) == windowed.tokens
-    assert {e["window"] for e in events} == {8}
+    assert {e["window"] for e in events} == {8} and {e["attention_budget"] for e in events} == {SINKS + 8}
+    # a budget of sinks + 16 rows holds one page, all of it recent: the window of 16, reported as the budget
+    events = _generate_stream(server, "dec", {"text_input": prompts[0], "max_tokens": 12,
+                                              "attention_budget": SINKS + 16})
+    assert _tokens(events) == budgeted.tokens and budgeted.budgets[-1] == SINKS + 16
+    assert {e["attention_budget"] for e in events} == {SINKS + 16} and {e["window"] for e in events} == {16}
     events = _generate_stream(server, "dec", {"text_input": prompts[1], "max_tokens": 16, "temperature": 1.0,
                                               "top_p": 0.9, "seed": 7})
     assert _tokens(events) == sampled.tokens and "".join(e["text_output"] for e in events) == sampled.text

@@ -8,9 +8,10 @@ from __future__ import annotations
 # (name, Triton type, dims); every input but text_input is optional
 DECODER_INPUTS = (("text_input", "TYPE_STRING", 1), ("max_tokens", "TYPE_INT32", 1),
                   ("temperature", "TYPE_FP32", 1), ("top_p", "TYPE_FP32", 1), ("top_k", "TYPE_INT32", 1),
-                  ("seed", "TYPE_INT64", 1), ("window", "TYPE_INT32", 1), ("stop", "TYPE_STRING", -1))
+                  ("seed", "TYPE_INT64", 1), ("window", "TYPE_INT32", 1), ("attention_budget", "TYPE_INT32", 1),
+                  ("stop", "TYPE_STRING", -1))
 DECODER_OUTPUTS = (("text_output", "TYPE_STRING", 1), ("token_ids", "TYPE_INT64", -1), ("window", "TYPE_INT32", 1),
-                   ("finish_reason", "TYPE_STRING", 1))
+                   ("attention_budget", "TYPE_INT32", 1), ("finish_reason", "TYPE_STRING", 1))
 
 
 def _tensor(key: str, name: str, dtype: str, dims: int, optional: bool) -> list[str]:

@@ -3,9 +3,11 @@
 
 `edgeattn export-triton` copies this file as `<version>/model.py` with the bundle in `<version>/bundle/` and
 `edgeattn_environment.py` beside it. Inputs: `text_input` (the prompt) and the optional `max_tokens`,
-`temperature`, `top_p`, `top_k`, `seed`, `window` (0: the whole ring) and `stop`; each response carries
-`text_output` (the new text), `token_ids` (the tokens generated since the previous response), `window` (the
-attention window it ran with) and `finish_reason` ("" until the last response: "stop" or "length").
+`temperature`, `top_p`, `top_k`, `seed`, `window` (0: the whole ring), `attention_budget` (cache rows read at
+most: sinks + a recent window + retrieval pages, split by the default share; not with `window`) and `stop`; each
+response carries `text_output` (the new text), `token_ids` (the tokens generated since the previous response),
+`window` (the attention window it ran with), `attention_budget` (the rows its last token read at most) and
+`finish_reason` ("" until the last response: "stop" or "length").
 It runs `edgeattn.runtime.generation.generator.Generator`; an instance serves one request at a time
 (more instances: `--instances`). A cuda bundle opens on the GPU of its instance (`KIND_GPU`: Triton's
 `model_instance_device_id`). It runs inside Triton only (`triton_python_backend_utils`).
@@ -19,7 +21,8 @@ edgeattn_environment.use(__file__)
 
 from pathlib import Path  # noqa: E402
 
-OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int, "window": int}
+OPTIONS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int, "window": int,
+           "attention_budget": int}
 
 
 def _scalar(request, name, kind):
@@ -49,7 +52,8 @@ def generation_config(request):
     stop = pb_utils.get_input_tensor_by_name(request, "stop")
     stops = tuple(_text(s) for s in stop.as_numpy().reshape(-1)) if stop is not None else ()
     sampling = SamplingConfig(**{k: given[k] for k in ("temperature", "top_p", "top_k", "seed") if k in given})
-    return GenerationConfig(sampling=sampling, stop=stops,
+    budget = {"budget": given["attention_budget"]} if "attention_budget" in given else {}
+    return GenerationConfig(sampling=sampling, stop=stops, **budget,
                             **{k: given[k] for k in ("max_tokens", "window") if k in given})
 
 
@@ -81,7 +85,7 @@ class TritonPythonModel:
         self.generator = Generator(open_model(folder, args))
         self.generator.model.activate()
 
-    def _response(self, text, tokens, window, finish_reason=""):
+    def _response(self, text, tokens, window, budget, finish_reason=""):
         import numpy as np
         import triton_python_backend_utils as pb_utils
 
@@ -89,6 +93,7 @@ class TritonPythonModel:
             pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
             pb_utils.Tensor("token_ids", np.array(tokens, dtype=np.int64)),
             pb_utils.Tensor("window", np.array([window], dtype=np.int32)),
+            pb_utils.Tensor("attention_budget", np.array([budget], dtype=np.int32)),
             pb_utils.Tensor("finish_reason", np.array([finish_reason.encode("utf-8")], dtype=np.object_))])
 
     def _generate(self, request, sender):
@@ -106,9 +111,10 @@ class TritonPythonModel:
         for chunk in self.generator.stream(_text(text_input[0]), config, result=result):
             if held is not None:
                 sender.send(self._response(*held))
-            held, sent = (chunk.text, result.tokens[sent:], chunk.window), len(result.tokens)
-        text, tokens, window = held or ("", [], result.windows[-1] if result.windows else config.window)
-        sender.send(self._response(text, tokens + result.tokens[sent:], window, result.finish_reason),
+            held, sent = (chunk.text, result.tokens[sent:], chunk.window, chunk.budget), len(result.tokens)
+        text, tokens, window, budget = held or ("", [], result.windows[-1] if result.windows else config.window,
+                                                result.budgets[-1] if result.budgets else 0)
+        sender.send(self._response(text, tokens + result.tokens[sent:], window, budget, result.finish_reason),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def execute(self, requests):
