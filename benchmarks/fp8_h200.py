@@ -4,6 +4,7 @@
     python benchmarks/fp8_h200.py pack --out .fp8pay          # here (CPU): SmolLM2-135M's real weights + token ids
     python benchmarks/fp8_h200.py table kernel --out r1.json   # on the GPU: the choice table, the FP8 ring kernel
     python benchmarks/fp8_h200.py model --payload DIR --out r2.json   # on the GPU: perplexity, agreement, speed
+    python benchmarks/fp8_h200.py model --shape llama8b-16 --mode linked --out r3.json   # speed at Llama-3-8B's layers
 
 `pack` writes SmolLM2-135M-Instruct's packed weights in two pieces under 50 MB (one call carries at most 64 MiB):
 the packaged model's float weights are dequantized from its GGUF file, so each block of 32 weights is exactly
@@ -104,25 +105,36 @@ SMOLLM2 = dict(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermed
                sinks=4, window_max=2048, scale=0.125)
 
 
-def random_payload(device):
-    """SmolLM2-135M's shape with random weights (speed does not depend on them): meta and tensors."""
-    s, g = SMOLLM2, torch.Generator(device=device).manual_seed(0)
-    rand = lambda *size: (torch.randn(size, generator=g, device=device) * 0.05).bfloat16()  # noqa: E731
+# Llama-3-8B's layer shapes (the products fp8_table.py measured: 4,096 x 6,144, 4,096 x 28,672, 14,336 x 4,096),
+# 16 of its 32 layers so that a bf16 cache of 524,288 rows (batch 256 x 2,048, batch 64 x 8,192) fits beside
+# the bf16 and FP8 weights on one GPU; every layer is the same work, so the speed ratios are those of 32 layers
+# but for the LM head's share (bf16 in both).
+LLAMA8B_16 = dict(layers=16, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256,
+                  eps=1e-5, sinks=4, window_max=2048, scale=128 ** -0.5)
+SHAPES = {"smollm2": (SMOLLM2, 100000.0), "llama8b-16": (LLAMA8B_16, 500000.0)}
+
+
+def random_payload(device, shape: str = "smollm2"):
+    """A model shape (SHAPES) with random weights (speed does not depend on them): meta and tensors. Weights
+    are N(0, 1 / K) so activations stay finite through the layers (the FP8 cache calibration needs them)."""
+    (s, theta), g = SHAPES[shape], torch.Generator(device=device).manual_seed(0)
+    rand = lambda n, k: (torch.randn((n, k), generator=g, device=device) * k ** -0.5).bfloat16()  # noqa: E731
     ones = lambda n: torch.ones(n, device=device, dtype=torch.bfloat16)  # noqa: E731
-    t = {"embed": rand(s["vocab"], s["hidden"]), "norm": ones(s["hidden"]),
-         "inv_freq": 1.0 / (100000 ** (torch.arange(0, 64, 2, device=device).float() / 64))}
+    h, d, q, kv, f = s["hidden"], s["head_dim"], s["heads"], s["kv_heads"], s["intermediate"]
+    t = {"embed": rand(s["vocab"], h), "norm": ones(h),
+         "inv_freq": 1.0 / (theta ** (torch.arange(0, d, 2, device=device).float() / d))}
     for i in range(s["layers"]):
-        t.update({f"ln1.{i}": ones(s["hidden"]), f"ln2.{i}": ones(s["hidden"]), f"wo.{i}": rand(576, 576),
-                  f"wqkv.{i}": rand(15 * 64, 576), f"wgu.{i}": rand(2 * 1536, 576), f"wd.{i}": rand(576, 1536)})
+        t.update({f"ln1.{i}": ones(h), f"ln2.{i}": ones(h), f"wo.{i}": rand(h, q * d),
+                  f"wqkv.{i}": rand((q + 2 * kv) * d, h), f"wgu.{i}": rand(2 * f, h), f"wd.{i}": rand(h, f)})
     calibration = torch.randint(0, s["vocab"], (4, 256), generator=g, device=device).tolist()
     return {"shape": s, "rope_scaling": 1.0, "calibration": calibration}, t
 
 
-def load_payload(folder: Path | None, device):
+def load_payload(folder: Path | None, device, shape: str = "smollm2"):
     from edgeattn.runtime.cuda.decode_step import DecoderShape, PackedDecoder
 
     if folder is None:
-        meta, tensors = random_payload(device)
+        meta, tensors = random_payload(device, shape)
     else:
         meta = json.loads((folder / "meta.json").read_text())
         tensors = {}
@@ -362,9 +374,10 @@ def prefill_ms(w, streams, length):
         return event_ms(fn, rounds=3)
 
 
-def model(res: dict, payload: Path, mode: str, skip: set) -> None:
+def model(res: dict, payload: Path, mode: str, skip: set, shape: str = "smollm2") -> None:
     dev = torch.device("cuda")
-    meta, tensors, build = load_payload(payload, dev)
+    meta, tensors, build = load_payload(payload, dev, shape)
+    res["shape"] = meta["shape"] if payload is None else "SmolLM2-135M (payload)"
     skip = skip | ({"quality"} if payload is None else set())  # random weights: speed only
     t0 = time.time()
     weight_calibration = meta.get("weight_calibration")  # token ids of the build's default calibration text
@@ -446,6 +459,8 @@ def main() -> None:
                     "[default: SmolLM2's shape with random weights: speed only, --skip quality]")
     ap.add_argument("--mode", default="none", help="model: the decode step's compile mode (decode_step.COMPILE_MODES)")
     ap.add_argument("--skip", default="", help="model: parts left out, a comma list of quality, prefill, decode")
+    ap.add_argument("--shape", default="smollm2", choices=sorted(SHAPES),
+                    help="model without --payload: the random weights' shape (llama8b-16: Llama-3-8B's layers, 16)")
     args = ap.parse_args()
     if args.steps == ["pack"]:
         return pack(args.out)
@@ -453,8 +468,8 @@ def main() -> None:
     for step in args.steps:
         t = time.time()
         try:
-            {"table": table, "kernel": kernel}[step](res) if step != "model" else model(res, args.payload, args.mode,
-                                                                                    set(args.skip.split(",")))
+            {"table": table, "kernel": kernel}[step](res) if step != "model" else model(
+                res, args.payload, args.mode, set(args.skip.split(",")), args.shape)
         except Exception as exc:  # one step failing still returns the others
             res[f"{step}_error"] = f"{type(exc).__name__}: {exc}"
             import traceback

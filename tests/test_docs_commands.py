@@ -213,6 +213,10 @@ CASES: dict[tuple[str, str], Case] = {
                            '--divisors "" --sizes 256,512 --samples 10 --window-max 4096 --threads 2 --out '
                            'benchmarks/results/eval_passkey_smollm2_raw_cpu.json --plot '
                            'docs/images/eval_passkey_smollm2_raw_cpu.png'): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks multikey --contexts 2048,4096 "
+                           "--divisors 8 --samples 10 --prompt-form raw --window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_multikey_smollm2_raw_cpu.json --plot "
+                           "docs/images/eval_multikey_smollm2_raw_cpu.png"): skip(BENCH),
     # kernels
     ("docs/kernels.md", "python benchmarks/attention_h200.py --out results.json"): skip(GPU),
     ("docs/kernels.md", "python benchmarks/attention_h200.py --sweep --out results.json"): skip(GPU),
