@@ -24,6 +24,10 @@ from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N
 torch = require("torch", "the edgeattn FP8 ring decode op")
 
 INTERPRETER_SMS = 4
+# the sink rows' block: a few rows read in tiles of 16 (the smallest tl.dot), not in the ring's tiles, so the loop
+# over a float sink buffer adds no registers to the FP8 loop's (at head_dim 128 a 128-row sink tile made the
+# kernel 1.66x slower on the H200)
+SINK_BLOCK = tl.constexpr(16)
 # (BLOCK_N, num_warps, num_stages) of the FP8 kernel on the H200 (benchmarks/fp8_h200.py `kernel` sweeps it)
 FP8_TILE = (128, 4, 3)  # measured: 1.56x bf16 at batch 64, 8,192 rows (9/3 heads, D 64)
 OP_NAME = "edgeattn::ring_attend_fp8"
@@ -99,8 +103,8 @@ def _ring_fp8_split_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     acc, l_i, m_i = _ring_blocks_fp8(acc, l_i, m_i, qs, SK, SV, b * stride_sb + hk * stride_sh, stride_sn,
                                      stride_sn, offs_d,
-                                     tl.minimum(t0, nsb) * BLOCK_N, tl.minimum(t1, nsb) * BLOCK_N, n_sink, 0,
-                                     sinks, wmax, qk_scale, True, BLOCK_N)
+                                     tl.minimum(t0, nsb) * BLOCK_N, tl.minimum(tl.minimum(t1, nsb) * BLOCK_N, n_sink),
+                                     n_sink, 0, sinks, wmax, qk_scale, True, SINK_BLOCK)
     acc, l_i, m_i = _ring_blocks_fp8(acc, l_i, m_i, q, K, V, kv_base, stride_kn, stride_vn, offs_d,
                                      (tl.maximum(t0, nsb) - nsb) * BLOCK_N, (tl.maximum(t1, nsb) - nsb) * BLOCK_N,
                                      n_ring, first_pos, sinks, wmax, qk_scale, False, BLOCK_N)

@@ -77,10 +77,7 @@ def roundtrip(x, scale, sink=None):
 def store(cache, streams, rows, x, scale, sinks=None) -> None:
     """cache[streams, :, rows] = x [n, H_kv, D], quantized when `scale` [H_kv] is given (an FP8 cache); rows
     below S also into `sinks` [B, H_kv, S + 1, D] as x / scale (the others into its spare row S)."""
-    if scale is None:
-        cache[streams, :, rows] = x.to(cache.dtype)
-    else:  # the bytes through a uint8 view: a scatter every compiler does in place (not every one does FP8)
-        cache.view(torch.uint8)[streams, :, rows] = quantize(x, scale).view(torch.uint8)
+    cache[streams, :, rows] = x.to(cache.dtype) if scale is None else quantize(x, scale)
     if sinks is not None:
         spare = sinks.shape[2] - 1
         sinks[streams, :, rows.clamp(max=spare)] = (x.float() / scale.float()[:, None]).to(sinks.dtype)
