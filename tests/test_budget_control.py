@@ -113,6 +113,42 @@ def test_pages_reach_the_backend_and_every_event_says_the_budget():
     assert all(e.window == 16 and e.budget == SINKS + 16 + 2 * 16 for es in events.values() for e in es)
 
 
+class Chunked(Paged):
+    """Paged, and every call's chunk length."""
+
+    def step(self, cache, streams, ids, window, *, last_only=False, pages=0):
+        self.lengths = getattr(self, "lengths", []) + [np.asarray(ids).shape[1]]
+        return super().step(cache, streams, ids, window, last_only=last_only, pages=pages)
+
+
+def test_a_whole_prompt_reads_every_row_and_the_generated_tokens_keep_the_budget():
+    """prompt_attention "whole": prompt chunks run with window 0 and no pages (the whole cache), every decode step
+    with the budget; the default runs every call with the budget."""
+    live, prompt = AttentionBudget(16, 2), list(range(1, 21))  # a 20-token prompt: chunks of 8, 8, 4
+    for mode, want_prompt in (("whole", (0, 0)), ("budget", (16, 2))):
+        model = Chunked()
+        job = _job(model, prompt, max_tokens=4)
+        engine = Engine(model, slots=1, prefill_chunk=8, window=lambda: live, deliver=lambda batch: None,
+                        prompt_attention=mode)
+        engine.add(job)
+        while job.finish_reason is None:
+            engine.step()
+        calls = list(zip(model.lengths, [(w, k) for _, w, k in model.calls]))
+        assert calls[:3] == [(8, want_prompt), (8, want_prompt), (4, want_prompt)], (mode, calls)
+        assert [c for c in calls[3:]] == [(1, (16, 2))] * 3, (mode, calls)  # the first token came from the prompt
+    with pytest.raises(ConfigError, match="prompt_attention: expected one of budget, whole, found 'all'"):
+        GenerationConfig(prompt_attention="all")
+
+
+def test_the_generator_passes_prompt_attention_to_the_engine():
+    model = Chunked()
+    Generator(model).generate(list(range(1, 12)), GenerationConfig(max_tokens=3, prefill_chunk=8,
+                                                                    prompt_attention="whole"),
+                              window=AttentionBudget(16, 2))
+    assert [(n, w, k) for n, (_, w, k) in zip(model.lengths, model.calls)] == [(8, 0, 0), (3, 0, 0), (1, 16, 2),
+                                                                              (1, 16, 2)]
+
+
 def test_a_backend_without_pages_refuses_a_budget_with_pages_before_any_work():
     model = WindowOnly()
     with pytest.raises(ConfigError, match="reads the window only"):
@@ -281,3 +317,15 @@ def test_serve_says_the_live_budget_at_start_up():
     assert _budget_line(decoder(AttentionBudget(16, 2)), controller) == (
         "attention budget of dec: 52 rows (4 sinks + window 16 + 2 pages of 16); the thermal policy moves it "
         "(recent share 0.25); a request's attention_budget caps it")
+
+
+def test_serve_takes_prompt_attention_from_its_settings_into_the_engine():
+    from edgeattn.runtime.server.scheduler import SlotScheduler
+    from edgeattn.runtime.server.settings import ServeSettings
+
+    assert ServeSettings.from_env({"EDGEATTN_SERVE_PROMPT_ATTENTION": "whole"}).prompt_attention == "whole"
+    with pytest.raises(ConfigError, match="prompt_attention: expected one of budget, whole, found 'all'"):
+        ServeSettings(prompt_attention="all")
+    scheduler = SlotScheduler(Paged(), slots=2, max_queue=4, prefill_chunk=8, window=lambda: 0,
+                              deliver=lambda batch: None, prompt_attention="whole")
+    assert scheduler.engine.prompt_attention == "whole"

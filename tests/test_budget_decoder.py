@@ -19,19 +19,20 @@ pytestmark = [requires_decoder_stack, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def paged_bundle(tmp_path_factory):
-    """(hf model, the cpu bundle of its export with pages of PAGE rows)."""
+    """(hf model, the cpu bundle of its export with pages of PAGE rows, its first layer dense under pages: one layer
+    of each form)."""
     from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
 
     model, tok = tiny_llama()
     folder = tmp_path_factory.mktemp("paged")
     onnx_path = export_decoder_model(model, tok, folder / "tiny_paged.onnx",
-                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=PAGE))
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=PAGE, dense_layers=1))
     bundle = build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),)))
     return model, bundle.path
 
 
-def _reference_steps(model, ids, window, pages):
+def _reference_steps(model, ids, window, pages, dense_layers=0):
     """Logits chunk by chunk from the PyTorch model (the op's eager form), its bounds recomputed from the rows."""
     import torch
 
@@ -39,7 +40,7 @@ def _reference_steps(model, ids, window, pages):
     from edgeattn.attention.cached_torch import write_ring_
     from edgeattn.decoder.cached_llama import CachedDecoder
 
-    ref = CachedDecoder(model, SINKS, PAGE).eval()
+    ref = CachedDecoder(model, SINKS, PAGE, dense_layers).eval()
     layers = len(ref.layers)
     past = [torch.zeros(1, ref.kv_heads, SINKS + WINDOW_MAX, ref.head_dim) for _ in range(2 * layers)]
     n, outs = 0, []
@@ -63,8 +64,9 @@ def test_the_bundle_with_pages_equals_the_reference_step_by_step(paged_bundle):
 
     model, path = paged_bundle
     ids = np.random.default_rng(0).integers(0, 1000, sum(CHUNKS))
-    want, past = _reference_steps(model, ids, 8, 2)
+    want, past = _reference_steps(model, ids, 8, 2, dense_layers=1)
     dec = DecoderModel(open_bundle(path)).activate()
+    assert dec.info["dense_layers"] == 1
     try:
         cache, window_only = dec.new_cache(1), dec.new_cache(1)
         n = 0
@@ -101,3 +103,32 @@ def test_a_bundle_without_bounds_runs_the_window_and_refuses_pages(tiny_decoder)
         assert cache.positions[0] == 3  # refused before any work
     finally:
         dec.deactivate()
+
+
+def test_dense_layers_read_the_whole_ring_under_pages_and_change_nothing_for_a_window():
+    """The first N layers read the whole ring when k > 0: with every layer dense a budget is full attention (window
+    0, no pages); with one it is neither that nor the plain budget; with k = 0 a window is the same in every case."""
+    model, _ = tiny_llama()
+    layers = model.config.num_hidden_layers
+    ids = np.random.default_rng(1).integers(0, 1000, sum(CHUNKS))
+    full, _ = _reference_steps(model, ids, 0, 0)
+    budget, _ = _reference_steps(model, ids, 8, 2)
+    all_dense, _ = _reference_steps(model, ids, 8, 2, dense_layers=layers)
+    one_dense, _ = _reference_steps(model, ids, 8, 2, dense_layers=1)
+    window, _ = _reference_steps(model, ids, 8, 0)
+    window_dense, _ = _reference_steps(model, ids, 8, 0, dense_layers=1)
+    for a, b in zip(all_dense, full):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(window_dense, window):
+        np.testing.assert_array_equal(a, b)
+    last = slice(-3, None)  # past the ring's first wrap
+    assert min(np.abs(a - b).max() for a, b in zip(one_dense[last], budget[last])) > 1e-3
+    assert min(np.abs(a - b).max() for a, b in zip(one_dense[last], full[last])) > 1e-3
+
+
+def test_dense_layers_need_pages():
+    from edgeattn.decoder.export import DecoderExportConfig
+    from edgeattn.errors import ConfigError as Error
+
+    with pytest.raises(Error, match="dense_layers: expected 0, or layers read whole under a budget with a page size"):
+        DecoderExportConfig(dense_layers=2)

@@ -40,3 +40,16 @@ def test_a_budget_runs_and_a_whole_budget_equals_full_attention(paged_bundle, ru
     assert [s["text"] for s in whole["samples"]] == [s["text"] for s in full["samples"]]
     _, small = _eval(runner, paged_bundle, tmp_path / "small.json", "--budget", "68", "--budget-recent", "0.5")
     assert small["rows"] == 68 and small["label"] == "budget 68 (50% recent)" and small["count"] == 2
+
+
+def test_a_whole_prompt_says_so_in_the_label_and_the_json(paged_bundle, runner, tmp_path):
+    """--prompt-attention whole: the label and the JSON say it, and with a budget holding every row it is full
+    attention."""
+    _, full = _eval(runner, paged_bundle, tmp_path / "full.json")
+    result, whole = _eval(runner, paged_bundle, tmp_path / "whole.json", "--budget", "260", "--prompt-attention",
+                          "whole")
+    assert "budget 260 (25% recent, prompt whole)" in result.stdout
+    assert whole["setting"] == {"kind": "budget", "size": 260, "recent": 0.25, "prompt": "whole"}
+    assert [s["text"] for s in whole["samples"]] == [s["text"] for s in full["samples"]]
+    _, small = _eval(runner, paged_bundle, tmp_path / "small.json", "--window", "16", "--prompt-attention", "whole")
+    assert small["label"] == "window 16 (prompt whole)" and small["rows"] == SINKS + 16

@@ -85,6 +85,8 @@ def test_eval_table_checks_every_run_before_the_first(tiny_decoder, runner, tmp_
     (["--task", "passkey", "--context", "200", "--window", "64", "--budget", "64"],
      "expected at most one of --window and --budget"),
     (["--task", "passkey", "--context", "200", "--budget-recent", "0.5"], "--budget-recent applies to --budget N"),
+    (["--task", "passkey", "--context", "200", "--prompt-attention", "whole"],
+     "--prompt-attention applies to a --window or --budget, found full attention"),
     (["--task", "passkey"], "expected --context TOKENS"),
     (["--task", "passkey", "--context", "40"], "expected room for the task's instruction"),
     (["--model", "smollm2", "--task", "passkey", "--context", "200"], "found both"),

@@ -18,6 +18,10 @@ def run_options(f):
                           "chat template [default: the task's: passkey raw, multikey chat, vartrack chat]."),
         click.option("--budget-recent", default=0.25, show_default=True,
                      help="Share of a --budget's non-sink rows given to the recent window (the rest: pages)."),
+        click.option("--prompt-attention", type=click.Choice(["budget", "whole"]), default="budget",
+                     show_default=True,
+                     help="What the prompt reads under a window or budget: the same rows as the generated tokens "
+                          "(budget), or every cached row (whole: the setting bounds the generated tokens only)."),
         click.option("--window-max", type=int, help="Ring size to allocate [default: the bundle's]; the ring must "
                                                     "hold the whole context."),
         click.option("--threads", default=0, help="ONNX Runtime threads (0 = its default)."),
@@ -43,17 +47,19 @@ def context_options(f):
     return f
 
 
-def setting_from(window: int | None, budget: int | None, recent: float):
+def setting_from(window: int | None, budget: int | None, recent: float, prompt: str = "budget"):
     from edgeattn.errors import InputError
     from edgeattn.evaluation.settings import DEFAULT_RECENT, AttentionSetting
 
     if window is not None and budget is not None:
         raise InputError("expected at most one of --window and --budget, found both")
     if budget is not None:
-        return AttentionSetting("budget", budget, recent)
+        return AttentionSetting("budget", budget, recent, prompt)
     if recent != DEFAULT_RECENT:
         raise InputError("--budget-recent applies to --budget N, found no --budget")
-    return AttentionSetting("window", window) if window else AttentionSetting()
+    if not window and prompt != "budget":
+        raise InputError("--prompt-attention applies to a --window or --budget, found full attention")
+    return AttentionSetting("window", window, prompt=prompt) if window else AttentionSetting()
 
 
 def open_generator(bundle, window_max: int | None, threads: int):

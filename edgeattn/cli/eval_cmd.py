@@ -25,7 +25,7 @@ from edgeattn.cli.context_eval import context_options
 @click.option("--seq-len", type=int, default=128, show_default=True)
 @context_options
 def eval_(bundle, model, onnx_path, text, ptq_config, block_size, calib, seq_len, task, context, samples, seed,
-          window, budget, prompt_form, budget_recent, max_tokens, window_max, threads, json_out):
+          window, budget, prompt_form, budget_recent, prompt_attention, max_tokens, window_max, threads, json_out):
     """Fidelity of a quantized ONNX against the float model (--model, --onnx: embedding cosine or perplexity,
     and against PTQ), or long-context accuracy of a decoder BUNDLE on a task (BUNDLE --task: passkey, multikey,
     vartrack) with full attention, a --window or a --budget (docs/evaluation.md)."""
@@ -44,7 +44,7 @@ def eval_(bundle, model, onnx_path, text, ptq_config, block_size, calib, seq_len
         if context is None:
             raise InputError("expected --context TOKENS with BUNDLE --task, found none")
         _long_context(bundle, task, context, samples, seed, window, budget, budget_recent, max_tokens, window_max,
-                      threads, json_out, prompt_form)
+                      threads, json_out, prompt_form, prompt_attention)
         return
     if model is None or onnx_path is None:
         raise InputError("expected --model and --onnx (fidelity of a quantized ONNX) or BUNDLE --task "
@@ -59,7 +59,7 @@ def eval_(bundle, model, onnx_path, text, ptq_config, block_size, calib, seq_len
 
 
 def _long_context(bundle, task, context, samples, seed, window, budget, recent, max_tokens, window_max, threads,
-                  json_out, prompt_form) -> None:
+                  json_out, prompt_form, prompt_attention="budget") -> None:
     import json
 
     from edgeattn import atomic
@@ -67,7 +67,7 @@ def _long_context(bundle, task, context, samples, seed, window, budget, recent, 
     from edgeattn.cli.progress_display import ProgressDisplay
     from edgeattn.evaluation.runner import EvalConfig, run_eval
 
-    config = EvalConfig(task, context, setting_from(window, budget, recent), samples, seed, max_tokens,
+    config = EvalConfig(task, context, setting_from(window, budget, recent, prompt_attention), samples, seed, max_tokens,
                         prompt_form=prompt_form)
     with open_generator(bundle, window_max, threads) as gen, ProgressDisplay() as show:
         result = run_eval(gen, config, progress=show)

@@ -40,7 +40,7 @@ def _csv(kind):
               help="Also draw accuracy against rows read (PNG).")
 @run_options
 def eval_table(bundle, tasks, contexts, kinds, divisors, sizes, out, plot, samples, seed, max_tokens, prompt_form,
-               budget_recent, window_max, threads):
+               budget_recent, prompt_attention, window_max, threads):
     """Long-context accuracy of a decoder BUNDLE over tasks x contexts x settings: full attention, a window of N
     tokens and a budget of N rows for each size N. Writes the results JSON (--out) and a plot (--plot)."""
     from edgeattn.cli.context_eval import open_generator
@@ -48,12 +48,12 @@ def eval_table(bundle, tasks, contexts, kinds, divisors, sizes, out, plot, sampl
     from edgeattn.evaluation.sweep import SweepConfig, run_sweep
 
     config = SweepConfig(tasks, contexts, kinds, divisors, sizes, samples, seed, budget_recent, max_tokens,
-                         prompt_form)
+                         prompt_form, prompt_attention)
     with open_generator(bundle, window_max, threads) as gen, ProgressDisplay() as show:
         manifest = getattr(getattr(gen.model, "bundle", None), "manifest", None)
         about = {"bundle": Path(bundle).name, "model": getattr(manifest, "name", None), "threads": threads}
         results = run_sweep(gen, config, out, plot=plot, progress=show, about=about)
     for r in results:
-        click.echo(f"{r.task:9} {r.context:6} {r.setting.label:24} rows {r.rows:6}  accuracy {r.accuracy:.2f} "
+        click.echo(f"{r.task:9} {r.context:6} {r.setting.label:38} rows {r.rows:6}  accuracy {r.accuracy:.2f} "
                    f"({r.correct}/{len(r.samples)}, {r.seconds:.0f} s)")
     click.echo(f"wrote {out}" + (f" and {plot}" if plot else ""), err=True)

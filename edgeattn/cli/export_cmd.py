@@ -26,8 +26,11 @@ import click
               help="--decoder: rows per retrieval page of the attention budget (16: Quest's; it must divide "
                    "--window-max); the model then reads attention_pages and the pages' key bounds. 0: the window "
                    "alone.")
+@click.option("--dense-layers", default=0, show_default=True,
+              help="--decoder with --page: the first N layers read the whole ring whenever a budget reads pages "
+                   "(Quest keeps its first 2 dense); a window alone is unchanged.")
 @click.option("--quiet", "-q", is_flag=True, help="--decoder: no progress on stderr, only the result.")
-def export(model, out, exporter, opset, attention, decoder, sinks, window_max, page, quiet):
+def export(model, out, exporter, opset, attention, decoder, sinks, window_max, page, dense_layers, quiet):
     """Export MODEL to ONNX: an alias of a packaged model (minilm, smollm2) or a Hugging Face folder."""
     if decoder:
         from edgeattn.decoder.export import DecoderExportConfig, export_decoder
@@ -37,11 +40,12 @@ def export(model, out, exporter, opset, attention, decoder, sinks, window_max, p
                                    "and --attention")
         with stages(quiet) as progress:
             path = export_decoder(model, out, DecoderExportConfig(sinks=sinks, window_max=window_max, opset=opset,
-                                                                  page=page), progress=progress)
+                                                                  page=page, dense_layers=dense_layers),
+                                 progress=progress)
         click.echo(f"wrote {path}")
         return
-    if page:
-        raise click.UsageError("--page is for --decoder exports")
+    if page or dense_layers:
+        raise click.UsageError("--page and --dense-layers are for --decoder exports")
     from edgeattn.export import ExportConfig, export_hf
 
     path = export_hf(model, out, ExportConfig(exporter=exporter, opset=opset, attention=attention))

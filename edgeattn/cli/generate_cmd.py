@@ -29,12 +29,15 @@ import click
               "rows): the window and the pages whose keys best match each query [default: the window alone].")
 @click.option("--budget-recent", type=float, help="Share of the budget's non-sink rows given to the recent window, "
               "the rest to retrieval pages (1 = the window alone) [default: 0.25].")
+@click.option("--prompt-attention", type=click.Choice(["budget", "whole"]), default="budget", show_default=True,
+              help="What the prompt reads: the window or budget, as generated tokens do, or every cached row (whole: "
+                   "the window or budget bounds the generated tokens only).")
 @click.option("--window-max", type=int, help="Ring size to allocate [default: the bundle's].")
 @click.option("--threads", default=0, help="ONNX Runtime threads (0 = its default).")
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (text, tokens, usage, timing).")
 def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top_k, seed, stop, window, budget,
-             budget_recent, window_max, threads, stream, as_json):
+             budget_recent, prompt_attention, window_max, threads, stream, as_json):
     """Generate text from a decoder BUNDLE (built from `edgeattn export MODEL --decoder`)."""
     from edgeattn.attention.budget import DEFAULT_RECENT
     from edgeattn.errors import InputError
@@ -58,6 +61,7 @@ def generate(bundle, prompt, chat_file, raw, max_tokens, temperature, top_p, top
         raise InputError("--budget-recent splits a budget: give --budget N too")
     config = GenerationConfig(max_tokens=max_tokens, stop=tuple(stop), window=window, budget=budget,
                               budget_recent=DEFAULT_RECENT if budget_recent is None else budget_recent,
+                              prompt_attention=prompt_attention,
                               sampling=SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed))
     result = GenerationResult("", [], "length", 0, 0, [])
     with Generator.open(bundle, window_max=window_max, threads=threads) as gen:

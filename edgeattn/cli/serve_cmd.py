@@ -130,6 +130,9 @@ def _budget_line(decoder, controller) -> str:
 @click.option("--prefill-in-step", type=int, help="Decoder bundles: prompts of at most this many tokens are "
               "prefilled inside the decode steps, one token per step, instead of in chunks of their own "
               "(no latency spike for the other streams; a longer time to first token) [default: 0].")
+@click.option("--prompt-attention", type=click.Choice(["budget", "whole"]), help="Decoder bundles: what a prompt "
+              "reads, the live window or budget as generated tokens do, or every cached row (whole: the budget "
+              "bounds generated tokens only) [default: budget].")
 @click.option("--shutdown-timeout", type=float, help="Seconds queued requests get to finish after SIGTERM "
               "[default: 30].")
 @click.option("--devices", metavar="all|0,1,...", help="cuda bundles: one engine per GPU (its own weights, slots "
@@ -137,7 +140,7 @@ def _budget_line(decoder, controller) -> str:
               "[default: one GPU, the current one].")
 def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, threads, window, controller_spec,
           thermal_policy, thermal_sensor, max_window, admin_token, slots, prefill_chunk, prefill_in_step,
-          shutdown_timeout, devices):
+          prompt_attention, shutdown_timeout, devices):
     """Serve BUNDLES over KServe v2 / Triton HTTP (binary tensors, dynamic batching, /metrics).
 
     Decoder bundles are served through the OpenAI-compatible routes (/v1/completions,
@@ -170,7 +173,7 @@ def serve(bundles, host, port, name, max_batch, max_queue_delay_ms, max_queue, t
                                       threads=threads, window=window, admin_token=admin_token,
                                       shutdown_timeout_s=shutdown_timeout, slots=slots,
                                       prefill_chunk=prefill_chunk, prefill_in_step=prefill_in_step,
-                                      devices=devices)
+                                      prompt_attention=prompt_attention, devices=devices)
     opened = [open_bundle(b) for b in bundles]
     gpus = None
     if settings.devices:

@@ -10,6 +10,9 @@ With a page size (the attention budget, docs/windowed-attention.md) the model al
 
     logits, presents = model(input_ids, cache_position, window, pages, *past, *key_bounds)
 
+With `dense_layers` N (Quest's rule: its first two layers are dense, their attention is the least sparse) the first
+N layers read the whole ring whenever k > 0; a window alone (k = 0) reads the same rows in every layer.
+
 `presents` are the chunk's keys (rotated at their true positions) and values, [B, H_kv, S, D] per layer:
 the caller writes them into its ring (`cached_torch.write_ring_`, or the runtime's numpy writer). Queries are
 rotated twice: at t for the window rows and at min(t, sinks + W) for the sink rows (edgeattn.attention.ring).
@@ -54,7 +57,7 @@ def _parts(hf_model):
 
 
 class CachedDecoder(torch.nn.Module):
-    def __init__(self, hf_model, sinks: int, page: int = 0):
+    def __init__(self, hf_model, sinks: int, page: int = 0, dense_layers: int = 0):
         super().__init__()
         reason = families.why_not(hf_model.config)
         if reason:
@@ -64,6 +67,11 @@ class CachedDecoder(torch.nn.Module):
         self.backbone, self.head = _parts(hf_model)
         self.sinks, self.page = int(sinks), int(page)
         self.layers = self.backbone.layers
+        if dense_layers and (not self.page or not 0 < dense_layers <= len(self.layers)):
+            raise ModelError(f"decoder export: dense layers read the whole ring when a budget reads pages: expected "
+                             f"a page size and 1 to {len(self.layers)} layers, found page {self.page} and "
+                             f"{dense_layers} layers")
+        self.dense_layers = int(dense_layers)
         first = self.layers[0].self_attn
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
@@ -109,16 +117,25 @@ class CachedDecoder(torch.nn.Module):
         h = m.embed_tokens(input_ids)  # Gemma's embedding module applies its sqrt(hidden) scale itself
         tables = {t: (self._rotary(h, positions, t), self._rotary(h, sink_positions, t)) for t in set(self.layer_types)}
         capped = {t: torch.minimum(w, torch.full_like(w, t)) for t in set(self.windows) if t}  # min(W, trained)
+        if self.dense_layers:  # with k > 0: window 0 (the whole ring) and no pages; the sinks rotated for it
+            reads = pages.reshape(()) > 0
+            dense_window = torch.where(reads, torch.zeros_like(w), window.reshape(()).to(torch.int64))
+            dense_sinks = torch.minimum(positions, self.sinks + torch.where(reads, torch.full_like(w, wmax), w))
+            dense_tables = {t: self._rotary(h, dense_sinks, t) for t in set(self.layer_types)}
         presents = []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             (cos, sin), (cos_s, sin_s) = tables[self.layer_types[i]]
+            dense = i < self.dense_layers
+            if dense:
+                cos_s, sin_s = dense_tables[self.layer_types[i]]
             q, k, v = self._qkv(attn, layer.input_layernorm(h), b, s)
             if hasattr(attn, "q_norm"):  # Qwen3 / Gemma 3: per-head norms before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q_t, q_s, k_t = apply_rope(q, cos, sin), apply_rope(q, cos_s, sin_s), apply_rope(k, cos, sin)
             o = cached_windowed_attention(q_t, q_s, k_t, v, past[2 * i], past[2 * i + 1], cache_position,
-                                          capped.get(self.windows[i], window), pages,
+                                          dense_window if dense else capped.get(self.windows[i], window),
+                                          torch.zeros_like(pages) if dense else pages,
                                           None if bounds is None else bounds[i], sinks=self.sinks,
                                           scale=float(attn.scaling), softcap=self.attn_softcap)
             o = attn.o_proj(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))

@@ -39,6 +39,7 @@ class DecoderExportConfig:
     opset: int = 18
     example_seq: int = 8  # example chunk while tracing
     page: int = 0  # rows per retrieval page of the attention budget (16: Quest's); 0: a model without pages
+    dense_layers: int = 0  # with pages: the first N layers read the whole ring when a budget reads pages (Quest: 2)
 
     def __post_init__(self) -> None:
         if self.sinks < 0:
@@ -48,6 +49,9 @@ class DecoderExportConfig:
         if self.page < 0 or (self.page and self.window_max % self.page):
             raise ConfigError(f"page: expected 0 (no retrieval pages) or a divisor of window_max "
                               f"{self.window_max}, found {self.page}")
+        if self.dense_layers < 0 or (self.dense_layers and not self.page):
+            raise ConfigError(f"dense_layers: expected 0, or layers read whole under a budget with a page size, "
+                              f"found {self.dense_layers} with page {self.page}")
         if not 18 <= self.opset <= 23:
             raise ConfigError(f"opset: the cached op's body needs 18 to 23, found {self.opset}")
 
@@ -64,6 +68,7 @@ def decoder_metadata(model, tokenizer, config: DecoderExportConfig) -> dict[str,
         "vocab_size": c.vocab_size,
         "max_positions": int(getattr(c, "max_position_embeddings", 0) or 0),
         "sinks": config.sinks, "window_max": config.window_max, "page": config.page,
+        "dense_layers": config.dense_layers,
         "eos_token_ids": eos, "bos_token_id": tokenizer.bos_token_id,
         "add_bos": bool(getattr(tokenizer, "add_bos_token", False)),
         "trained_sliding_window": max((w for w in families.layer_windows(c) if w), default=None),
@@ -122,7 +127,7 @@ def export_decoder_model(model, tokenizer, out: str | Path,
 
     progress = progress or (lambda stage, seconds: None)
     config = effective_config(model.config, config)
-    wrapper = CachedDecoder(model, config.sinks, config.page).eval()
+    wrapper = CachedDecoder(model, config.sinks, config.page, config.dense_layers).eval()
     layers = len(wrapper.layers)
     b, s, cap = 2, config.example_seq, config.sinks + 32  # not 1: torch.export specialises dims of size 1
     ids = torch.randint(0, min(1000, int(families.text_config(model.config).vocab_size)), (b, s), dtype=torch.int64)

@@ -135,7 +135,7 @@ def evaluate(gen: Generator, samples: list[Sample], setting: AttentionSetting, m
              prefill_chunk: int = 256, progress: Progress | None = None) -> list[SampleResult]:
     """Generate greedily for every sample with `setting` and score each answer."""
     live = check_setting(gen, setting)
-    config = GenerationConfig(max_tokens=max_tokens, prefill_chunk=prefill_chunk)
+    config = GenerationConfig(max_tokens=max_tokens, prefill_chunk=prefill_chunk, prompt_attention=setting.prompt)
     task = f"{samples[0].task} {samples[0].context} {setting.label}" if samples else setting.label
     out, start = [], time.perf_counter()
     for sample in samples:

@@ -5,7 +5,11 @@
 - `budget N`: N rows in all, split by `AttentionBudget.from_total` into the sinks, a recent window (`recent`
   of the non-sink rows, in whole pages) and the k pages whose key bounds score highest for the query (Quest).
 
-`rows(layout)` is what a query reads at most, the x axis of the sweep's plot: a window of W reads sinks + W.
+`prompt`: what the prompt reads, "budget" (as the generated tokens: the setting holds for every query) or
+"whole" (every cached row; the setting bounds the generated tokens only, Quest's setting).
+
+`rows(layout)` is what a generated token reads at most, the x axis of the sweep's plot: a window of W reads
+sinks + W.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError
 
 KINDS = ("full", "window", "budget")
+PROMPTS = ("budget", "whole")
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class AttentionSetting:
     kind: str = "full"
     size: int = 0  # window: W; budget: N rows in all; full: 0
     recent: float = DEFAULT_RECENT  # budget: share of the non-sink rows given to the recent window
+    prompt: str = "budget"  # what the prompt reads: "budget" (the setting) or "whole" (every cached row)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -36,14 +42,17 @@ class AttentionSetting:
             raise ConfigError(f"full attention reads every row: expected no size, found {self.size}")
         if isinstance(self.recent, bool) or not isinstance(self.recent, (int, float)) or not 0 <= self.recent <= 1:
             raise ConfigError(f"budget recent share: expected a fraction from 0 to 1, found {self.recent!r}")
+        if self.prompt not in PROMPTS:
+            raise ConfigError(f"prompt attention: expected one of {', '.join(PROMPTS)}, found {self.prompt!r}")
 
     @property
     def label(self) -> str:
         if self.kind == "full":
             return "full"
+        whole = ", prompt whole" if self.prompt == "whole" else ""
         if self.kind == "window":
-            return f"window {self.size}"
-        return f"budget {self.size} ({self.recent:.0%} recent)"
+            return f"window {self.size}" + (f" ({whole[2:]})" if whole else "")
+        return f"budget {self.size} ({self.recent:.0%} recent{whole})"
 
     def live(self, layout: RingLayout) -> int | AttentionBudget:
         """What the engine reads every step: a window (int, 0 = the whole ring) or an AttentionBudget."""
@@ -63,4 +72,5 @@ class AttentionSetting:
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind, "size": self.size}
-        return out | ({"recent": self.recent} if self.kind == "budget" else {})
+        out |= {"recent": self.recent} if self.kind == "budget" else {}
+        return out | ({"prompt": self.prompt} if self.prompt != "budget" else {})

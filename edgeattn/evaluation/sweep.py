@@ -43,12 +43,14 @@ class SweepConfig:
     recent: float = DEFAULT_RECENT
     max_tokens: int | None = None
     prompt_form: str | None = None  # chat or raw; None: each task's default
+    prompt: str = "budget"  # what the prompt reads under a window or budget: "budget" or "whole"
 
     def __post_init__(self) -> None:
         for task in self.tasks or ("",):
             get_task(task)
         if self.prompt_form is not None:
             check_form(self.prompt_form)
+        AttentionSetting(prompt=self.prompt)
         _ints("contexts", self.contexts, 1)
         bad = [k for k in self.kinds if k not in KINDS]
         if not self.kinds or bad:
@@ -65,7 +67,7 @@ class SweepConfig:
         out = [AttentionSetting()] if "full" in self.kinds else []
         for kind in ("window", "budget"):
             if kind in self.kinds:
-                out += [AttentionSetting(kind, n, self.recent if kind == "budget" else DEFAULT_RECENT)
+                out += [AttentionSetting(kind, n, self.recent if kind == "budget" else DEFAULT_RECENT, self.prompt)
                         for n in sizes if n >= 1]
         return out
 
@@ -90,7 +92,7 @@ def run_sweep(gen: Generator, config: SweepConfig, out: Path, *, plot: Path | No
               "config": {"tasks": list(config.tasks), "contexts": list(config.contexts), "kinds": list(config.kinds),
                          "divisors": list(config.divisors), "sizes": list(config.sizes), "samples": config.samples,
                          "seed": config.seed, "recent": config.recent, "max_tokens": config.max_tokens,
-                         "prompt_form": config.prompt_form}}
+                         "prompt_form": config.prompt_form, "prompt": config.prompt}}
     results: list[EvalResult] = []
     start = time.perf_counter()
     for i, run in enumerate(runs):
@@ -122,10 +124,12 @@ def plot_results(rows: list[dict], path: Path, title: str = "") -> None:
             for r in (r for r in here if r["task"] == task and r["setting"]["kind"] == "full"):
                 ax.axhline(r["accuracy"], linestyle="--", color="gray", label=f"{task}: full")
             for kind, marker in (("window", "o"), ("budget", "s")):
-                line = sorted((r["rows"], r["accuracy"]) for r in here if r["task"] == task
-                              and r["setting"]["kind"] == kind)
-                if line:
-                    ax.plot(*zip(*line), marker=marker, label=f"{task}: {kind}")
+                for prompt in ("budget", "whole"):
+                    line = sorted((r["rows"], r["accuracy"]) for r in here if r["task"] == task
+                                  and r["setting"]["kind"] == kind and r["setting"].get("prompt", "budget") == prompt)
+                    if line:
+                        ax.plot(*zip(*line), marker=marker, linestyle="-" if prompt == "budget" else ":",
+                                label=f"{task}: {kind}" + (", prompt whole" if prompt == "whole" else ""))
         ax.set_xscale("log", base=2)
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(f"context {context} tokens")

@@ -36,6 +36,10 @@ two, split as the live one is. Jobs may then run with different (W, k) in one st
 model once per distinct (W, k), each call on the rows of that budget (the op takes one W and k per call), so a
 stream's tokens never depend on the others' budgets; the cost is one more model call a step for each budget
 beyond the first. Every event says the window and the budget (rows) its job ran with.
+`prompt_attention` says what prompt chunks read: "budget" (the default), the same as generated tokens; "whole",
+the whole cache (window 0, no pages), so the budget bounds generated tokens only (Quest's setting: a prompt is
+read once, while every generated token pays for its budget). A prompt short enough to ride along the decode
+steps (`prefill_in_step`) is read as generated tokens are.
 
 Events go to `deliver(list of (job, Event))` in one call a step, made just before the
 next model call, so a server's event loop routes them while the model runs without the GIL. A model failure
@@ -196,6 +200,16 @@ def live_budget(model: DecoderBackend, value) -> AttentionBudget:
     return budget if check is None else check(budget)
 
 
+PROMPT_ATTENTION = ("budget", "whole")
+
+
+def check_prompt_attention(value) -> str:
+    """What prompt chunks read: "budget" (as generated tokens) or "whole" (the whole cache), else ConfigError."""
+    if value not in PROMPT_ATTENTION:
+        raise ConfigError(f"prompt_attention: expected one of {', '.join(PROMPT_ATTENTION)}, found {value!r}")
+    return value
+
+
 def capped_budget(layout: RingLayout, live: AttentionBudget, rows: int | None) -> AttentionBudget:
     """The live budget capped at `rows` (a request's budget): the smaller of the two, split as the live one is
     (a window stays a window)."""
@@ -217,8 +231,10 @@ class Engine:
 
     def __init__(self, model: DecoderBackend, *, slots: int, prefill_chunk: int,
                  window: Callable[[], int | AttentionBudget], deliver: Deliver, metrics=None, model_name: str = "",
-                 prefill_in_step: int = 0, prefill_tokens: int | None = None) -> None:
+                 prefill_in_step: int = 0, prefill_tokens: int | None = None,
+                 prompt_attention: str = "budget") -> None:
         self.model, self.slots = model, slots
+        self.prompt_attention = check_prompt_attention(prompt_attention)
         self.prefill_chunk, self.prefill_in_step = prefill_chunk, prefill_in_step
         self._batched_prefill = isinstance(model, PrefillBackend)
         self._sampled_prefill = isinstance(model, SamplingPrefillBackend)
@@ -315,6 +331,12 @@ class Engine:
     def _budget(self, job: Job, live: AttentionBudget) -> AttentionBudget:
         return capped_budget(self.model.layout, live, job.budget)
 
+    def _prompt_budget(self, job: Job, live: AttentionBudget) -> AttentionBudget:
+        """What a prompt chunk reads: the job's budget, or the whole cache (prompt_attention "whole")."""
+        if self.prompt_attention == "whole":
+            return AttentionBudget(0, 0, live.page, self.model.layout.sinks)
+        return self._budget(job, live)
+
     def _admit(self, window: int) -> None:
         """Every waiting job that a free slot can take, now (called under `lock`)."""
         codec, now = self.model.codec, time.perf_counter()
@@ -349,7 +371,7 @@ class Engine:
         the step's budget (the first always runs). A chunk's length depends only on its own job."""
         batch, total = [], 0
         for job in self.prefilling:
-            budget = self._budget(job, live)
+            budget = self._prompt_budget(job, live)
             size = chunk_size(self.model.layout, int(self.cache.positions[job.slot]), self.prefill_chunk,
                               budget.window)
             piece = job.prompt[job.prefilled:job.prefilled + size]

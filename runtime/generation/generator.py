@@ -28,7 +28,7 @@ from edgeattn.attention.budget import DEFAULT_RECENT, AttentionBudget
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.runtime.generation.backend import DecoderBackend, preferred_chunk
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
-from edgeattn.runtime.generation.engine import Engine, live_budget, new_job
+from edgeattn.runtime.generation.engine import Engine, check_prompt_attention, live_budget, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
 
 Window = int | AttentionBudget | Callable[[], int | AttentionBudget]
@@ -44,6 +44,7 @@ class GenerationConfig:
     pin: int = 0  # prompt tokens kept from the head when the prompt is longer than the cache (at least the sinks)
     budget: int | None = None  # attention budget in rows (sinks + window + pages); None: the window alone
     budget_recent: float = DEFAULT_RECENT  # share of the budget's non-sink rows given to the recent window
+    prompt_attention: str = "budget"  # what the prompt reads: "budget" (as generated tokens) or "whole" (the cache)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -60,6 +61,7 @@ class GenerationConfig:
         if isinstance(self.budget_recent, bool) or not isinstance(self.budget_recent, (int, float)) \
                 or not 0.0 <= self.budget_recent <= 1.0:
             raise ConfigError(f"budget_recent: expected a fraction from 0 to 1, found {self.budget_recent!r}")
+        check_prompt_attention(self.prompt_attention)
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,8 @@ class Generator:
         res = result if result is not None else GenerationResult("", [], "length", 0, 0, [])
         res.prompt_tokens, res.evicted_prompt_tokens = job.prompt_tokens, job.evicted
         events: list = []
-        engine = Engine(model, slots=1, prefill_chunk=config.prefill_chunk or preferred_chunk(model, 256), window=read, deliver=events.extend)
+        engine = Engine(model, slots=1, prefill_chunk=config.prefill_chunk or preferred_chunk(model, 256), window=read,
+                        deliver=events.extend, prompt_attention=config.prompt_attention)
         engine.add(job)
         while job.finish_reason is None:
             engine.step()

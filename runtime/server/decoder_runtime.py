@@ -85,7 +85,8 @@ class DecoderRuntime:
                                        prefill_chunk=settings.prefill_chunk or preferred_chunk(self.model, 16),
                                        window=window.budget,
                                        deliver=self._deliver, metrics=metrics.generation, model_name=name,
-                                       prefill_in_step=settings.prefill_in_step)
+                                       prefill_in_step=settings.prefill_in_step,
+                                       prompt_attention=settings.prompt_attention)
         g = metrics.generation
         g.slots.labels(name).set(self.slots)
         cache_bytes = int(getattr(self.scheduler.cache, "nbytes", 0))

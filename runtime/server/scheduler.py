@@ -36,9 +36,10 @@ class SlotScheduler:
 
     def __init__(self, model: DecoderBackend, *, slots: int, max_queue: int, prefill_chunk: int,
                  window: Callable[[], int | AttentionBudget], deliver: Deliver, metrics=None, model_name: str = "",
-                 prefill_in_step: int = 0) -> None:
+                 prefill_in_step: int = 0, prompt_attention: str = "budget") -> None:
         self.engine = Engine(model, slots=slots, prefill_chunk=prefill_chunk, window=window, deliver=deliver,
-                             metrics=metrics, model_name=model_name, prefill_in_step=prefill_in_step)
+                             metrics=metrics, model_name=model_name, prefill_in_step=prefill_in_step,
+                             prompt_attention=prompt_attention)
         self.model, self.slots, self.max_queue = model, slots, max_queue
         self._running = False
         self._thread: threading.Thread | None = None

@@ -39,6 +39,7 @@ class ServeSettings:
     # 0: the backend's own (16 on a CPU, where such a step costs about one full decode step, docs/serving.md
     # "Where the time goes"; 2,048 on CUDA, where a prefill pass costs about the same up to thousands of tokens)
     prefill_in_step: int = 0  # decoder bundles: prompts up to this long are prefilled inside the decode steps
+    prompt_attention: str = "budget"  # decoder bundles: what prompts read, the live budget or the "whole" cache
     window_max: int = 0  # decoder bundles: ring rows per slot (0: the bundle's window_max)
     devices: str = ""  # cuda bundles: "all" or GPU indices "0,1": one engine per GPU ("": one GPU, the current one)
 
@@ -60,6 +61,8 @@ class ServeSettings:
                 raise ConfigError(f"{name}: expected >= 0, found {getattr(self, name)}")
         if self.devices:
             parse_devices(self.devices)
+        if self.prompt_attention not in ("budget", "whole"):
+            raise ConfigError(f"prompt_attention: expected one of budget, whole, found {self.prompt_attention!r}")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "ServeSettings":
