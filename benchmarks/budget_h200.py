@@ -5,15 +5,18 @@ row count, SmolLM2-135M's shape (random weights), bf16, context 8,192 (a full ri
 
 Prints, side by side, per batch (64 and 1): the GPU time of the attention alone (graph replays of the op: the
 window's split-K kernel over W = 1,024 rows, against the budget's selection + block-sparse attention + row and
-bounds write over W = 256 and 48 pages of 16), and the whole decode step (30 layers, the linked compile mode,
-greedy on the device) as graph replay time and as tokens/s seen by the host. First a correctness check of the
-CUDA op against the reference op and of the captured budget step against the eager one.
+bounds write over W = 256 and 48 pages of 16, the first path (v1, EDGEATTN_BUDGET_V1=1) and v2 at several split
+counts and scoring blocks), and the whole decode step (30 layers, the linked compile mode, greedy on the device)
+as graph replay time and as tokens/s seen by the host: window, budget v1, budget v2 (its default splits and one
+other). First a correctness check of the CUDA op against the reference op and of the captured budget step against
+the eager one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -122,11 +125,13 @@ def correctness(smoke):
 
 
 def attention_alone(batch, sms):
-    """GPU time (graph replays) of one layer's attention: window 1,024 against the budget W 256 + 48 pages."""
+    """GPU time (graph replays) of one layer's attention: window 1,024 against the budget W 256 + 48 pages (the
+    row and bounds write included), the first path (v1: EDGEATTN_BUDGET_V1) against v2 at several split counts and
+    scoring blocks; and whether v2 chooses v1's pages and gives its output on this cache."""
     import triton.testing
 
-    from edgeattn.plugins.kernels.budget_bounds import ring_write_bounds
-    from edgeattn.plugins.kernels.budget_decode import budget_decode, budget_splits, select_pages
+    from edgeattn.plugins.kernels import budget_decode as bd
+    from edgeattn.plugins.kernels.budget_decode import budget_decode, budget_splits, select_block, select_pages
 
     h, h_kv, d, dt = 9, 3, 64, torch.bfloat16
     c = SINKS + CONTEXT
@@ -140,19 +145,65 @@ def attention_alone(batch, sms):
     win, bw, bk = (torch.tensor(x, device="cuda") for x in (WINDOW, BUDGET_W, BUDGET_K))
     s_win = cached_decode_splits(batch * h_kv, SINKS, WINDOW, sms)
     s_bud = budget_splits(batch * h_kv, SINKS, BUDGET_W, 64, PAGE, sms)
+    s_v1 = cached_decode_splits(batch * h_kv, SINKS, BUDGET_W + 64 * PAGE, sms)  # the first path's rule
     bench = lambda fn: triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")  # noqa: E731
-    row = {"batch": batch, "context": CONTEXT,
+    attn = dict(sinks=SINKS, page=PAGE, k_max=64)
+    args = (q[:, :, 0], qs[:, :, 0], k, v, kc, vc, bounds, pos, bw, bk)
+
+    def budget(legacy, splits=s_bud, block_p=None, write=True, pdl=None):
+        return budget_decode(*args, **attn, splits=splits, write=write, legacy=legacy, block_p=block_p, pdl=pdl)
+
+    # same pages, same output (before any write)
+    sel1 = select_pages(q[:, :, 0], bounds, pos, bw, bk, sinks=SINKS, page=PAGE, k_max=64, legacy=True)
+    sel2 = select_pages(q[:, :, 0], bounds, pos, bw, bk, sinks=SINKS, page=PAGE, k_max=64, legacy=False)
+    same = bool(torch.equal(sel1.sort(1).values, sel2.sort(1).values))
+    want = budget(True, s_v1, write=False).float()
+    out_diff = float((want - budget(False, write=False).float()).abs().max())
+    row = {"batch": batch, "context": CONTEXT, "v2_selects_v1_pages": same, "v2_vs_v1_out_max_abs_diff": out_diff,
            "window_ms": bench(lambda: cached_decode(q, qs, kc, vc, pos, win, sinks=SINKS, splits=s_win)),
            "window_splits": s_win,
-           "budget_ms": bench(lambda: (budget_decode(q[:, :, 0], qs[:, :, 0], k, v, kc, vc, bounds, pos, bw, bk,
-                                                     sinks=SINKS, page=PAGE, k_max=64, splits=s_bud),
-                                       ring_write_bounds(k, v, kc, vc, bounds, pos, sinks=SINKS, page=PAGE))),
-           "budget_select_ms": bench(lambda: select_pages(q[:, :, 0], bounds, pos, bw, bk, sinks=SINKS, page=PAGE,
-                                                          k_max=64)),
-           "budget_attend_ms": bench(lambda: budget_decode(q[:, :, 0], qs[:, :, 0], k, v, kc, vc, bounds, pos, bw, bk,
-                                                           sinks=SINKS, page=PAGE, k_max=64, splits=s_bud)),
-           "budget_splits": s_bud}
-    row["budget_over_window"] = row["budget_ms"] / row["window_ms"]
+           "window_ms_splits1": bench(lambda: cached_decode(q, qs, kc, vc, pos, win, sinks=SINKS, splits=1)),
+           "budget_splits": s_bud, "v1_splits": s_v1,
+           "v1_budget_ms": bench(lambda: budget(True, s_v1)),
+           "v1_select_ms": bench(lambda: select_pages(q[:, :, 0], bounds, pos, bw, bk, **attn, legacy=True)),
+           "v1_attend_no_write_ms": bench(lambda: budget(True, s_v1, write=False)),
+           "v2_select_block_p_shipped": select_block(batch * h_kv, CONTEXT // PAGE, sms)}
+    # the scoring programs: pages each and warps; the best is kept (bd.SELECT_BLOCKS, bd.SELECT_TUNING) for the run
+    select_sweep = {}
+    for bp in (32, 64, 128, 256):
+        for warps in (2, 4):
+            bd.SELECT_TUNING.update(num_warps=warps)
+            select_sweep[f"block_p{bp}-warps{warps}"] = (bench(lambda: select_pages(
+                q[:, :, 0], bounds, pos, bw, bk, **attn, legacy=False, block_p=bp)), bp, warps)
+    best = min(select_sweep, key=lambda name: select_sweep[name][0])
+    row["v2_select_ms"] = {name: ms for name, (ms, _, _) in select_sweep.items()}
+    row["v2_select_best"] = best
+    bd.SELECT_BLOCKS, _ = (select_sweep[best][1],), bd.SELECT_TUNING.update(num_warps=select_sweep[best][2])
+    # the v2 attention's tuning: keys a block, warps, stages (a share of each segment a split won an earlier sweep
+    # at both batches); the best (at the default splits) is kept in bd.ATTEND_TUNING for the run
+    shipped = dict(bd.ATTEND_TUNING)
+    sweep = {}
+    for block_n, warps, stages in ((128, 4, 2), (128, 4, 3), (128, 4, 4), (128, 8, 3), (64, 4, 2), (64, 2, 2)):
+        bd.ATTEND_TUNING.update(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+        name = f"block_n{block_n}-warps{warps}-stages{stages}"
+        try:
+            sweep[name] = (bench(lambda: budget(False)), dict(bd.ATTEND_TUNING))
+        except Exception as e:  # a variant this Triton does not compile
+            print("tuning", name, "failed:", repr(e)[:200], flush=True)
+            sweep[name] = (float("inf"), dict(bd.ATTEND_TUNING))
+    best = min(sweep, key=lambda name: sweep[name][0])
+    row["v2_tuning_ms"] = {name: (ms if ms != float("inf") else None) for name, (ms, _) in sweep.items()}
+    row["v2_tuning_shipped"], row["v2_tuning_best"] = shipped, sweep[best][1]
+    bd.ATTEND_TUNING.update(sweep[best][1])
+    sel_best = select_pages(q[:, :, 0], bounds, pos, bw, bk, sinks=SINKS, page=PAGE, k_max=64, legacy=False)
+    row["v2_best_selects_v1_pages"] = bool(torch.equal(sel1.sort(1).values, sel_best.sort(1).values))
+    row["v2_best_vs_v1_out_max_abs_diff"] = float((want - budget(False, write=False).float()).abs().max())
+    for sp in ((1, 2, 4) if batch > 8 else (4, 8, 16)):
+        row[f"v2_budget_ms_splits{sp}"] = bench(lambda: budget(False, splits=sp))
+    row["v2_budget_ms"] = bench(lambda: budget(False))
+    row["v2_attend_no_write_ms"] = bench(lambda: budget(False, write=False))
+    row["v1_over_window"] = row["v1_budget_ms"] / row["window_ms"]
+    row["v2_over_window"] = row["v2_budget_ms"] / row["window_ms"]
     print("attention", json.dumps(row), flush=True)
     return row
 
@@ -175,22 +226,36 @@ def steps(w, batch, sms):
     window = DecodeGraph(w, keys, values, batch=batch, compile="linked",
                          splits=cached_decode_splits(batch * s.kv_heads, s.sinks, WINDOW, sms))
     window(ids, pos, WINDOW)
-    rows.append({"engine": "window", "window": WINDOW, "pages": 0, "capture_s": time.perf_counter() - t0,
+    rows.append({"engine": "window", "splits": window.splits, "window": WINDOW, "pages": 0,
+                 "capture_s": time.perf_counter() - t0,
                  "graph_replay_ms": replay_ms(window.graph), "host_ms_per_step": host_ms(window, ids, pos, WINDOW)})
     del window
-    t0 = time.perf_counter()
-    budget = BudgetGraph(w, keys, values, bounds, batch=batch, k_max=64, page=PAGE, compile="linked",
-                         splits=budget_splits(batch * s.kv_heads, s.sinks, BUDGET_W, 64, PAGE, sms))
-    budget(ids, pos, BUDGET_W, BUDGET_K)
-    rows.append({"engine": "budget", "window": BUDGET_W, "pages": BUDGET_K, "capture_s": time.perf_counter() - t0,
-                 "graph_replay_ms": replay_ms(budget.graph),
-                 "host_ms_per_step": host_ms(budget, ids, pos, BUDGET_W, BUDGET_K)})
+    default = budget_splits(batch * s.kv_heads, s.sinks, BUDGET_W, 64, PAGE, sms)
+    runs = [("budget_v1", "1", cached_decode_splits(batch * s.kv_heads, s.sinks, BUDGET_W + 64 * PAGE, sms), "0"),
+            ("budget_v2", "0", default, "1")]
+    if batch < 8:
+        runs.append(("budget_v2", "0", default // 2, "1"))
+    for engine, legacy, splits, pdl in runs:
+        os.environ["EDGEATTN_BUDGET_V1"] = legacy  # read by the op at the warm-up and the capture
+        os.environ["EDGEATTN_PDL"] = pdl
+        t0 = time.perf_counter()
+        budget = BudgetGraph(w, keys, values, bounds, batch=batch, k_max=64, page=PAGE, compile="linked",
+                             splits=splits)
+        budget(ids, pos, BUDGET_W, BUDGET_K)
+        rows.append({"engine": engine, "splits": splits, "window": BUDGET_W, "pages": BUDGET_K,
+                     "capture_s": time.perf_counter() - t0, "graph_replay_ms": replay_ms(budget.graph),
+                     "host_ms_per_step": host_ms(budget, ids, pos, BUDGET_W, BUDGET_K)})
+        del budget
+    os.environ["EDGEATTN_BUDGET_V1"] = "0"
+    os.environ.pop("EDGEATTN_PDL")
     for r in rows:
         r.update(batch=batch, context=CONTEXT, rows_read=s.sinks + r["window"] + r["pages"] * PAGE,
                  tokens_per_s=batch / (r["host_ms_per_step"] / 1e3))
+        if r["engine"] != "window":
+            r["tokens_per_s_over_window"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+            r["replay_window_over_budget"] = rows[0]["graph_replay_ms"] / r["graph_replay_ms"]
         print("step", json.dumps(r), flush=True)
-    rows[1]["tokens_per_s_over_window"] = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
-    del keys, values, bounds, budget
+    del keys, values, bounds
     torch.cuda.empty_cache()
     return rows
 
@@ -214,23 +279,40 @@ def main():
     if "check" in parts:
         result["correctness"] = correctness(args.smoke)
         save()
+    from edgeattn.plugins.kernels import budget_decode as bd
+
+    shipped = (dict(bd.ATTEND_TUNING), dict(bd.SELECT_TUNING), bd.SELECT_BLOCKS)
+    best = {}
     if "attention" in parts:
-        result["attention"] = [attention_alone(b, sms) for b in (64, 1)]
-        save()
+        result["attention"] = []
+        for b in (64, 1):
+            bd.ATTEND_TUNING.update(shipped[0])
+            bd.SELECT_TUNING.update(shipped[1])
+            bd.SELECT_BLOCKS = shipped[2]
+            result["attention"].append(attention_alone(b, sms))
+            best[b] = (dict(bd.ATTEND_TUNING), dict(bd.SELECT_TUNING), bd.SELECT_BLOCKS)
+            save()
     if "steps" in parts:
         w = smollm2_weights(layers=2 if args.smoke else 30)
         result["steps"] = []
         for batch in (64, 1):
+            attend, select, blocks = best.get(batch, shipped)  # the v2 kernels' best tuning at this batch
+            bd.ATTEND_TUNING.update(attend)
+            bd.SELECT_TUNING.update(select)
+            bd.SELECT_BLOCKS = blocks
             result["steps"] += steps(w, batch, sms)
+            result["steps"][-1]["v2_tuning"] = {"attend": attend, "select": select, "select_block_p": blocks}
             save()
     print("summary")
     for r in result.get("attention", []):
-        print(f"  attention b{r['batch']}: window {r['window_ms']:.4f} ms, budget {r['budget_ms']:.4f} ms "
-              f"(select {r['budget_select_ms']:.4f}, select+attend {r['budget_attend_ms']:.4f})")
+        v2_select = r["v2_select_ms"][r["v2_select_best"]]
+        print(f"  attention b{r['batch']}: window {r['window_ms']:.4f} ms, budget v1 {r['v1_budget_ms']:.4f} ms "
+              f"(select {r['v1_select_ms']:.4f}), v2 {r['v2_budget_ms']:.4f} ms (select "
+              f"{v2_select:.4f}); same pages {r['v2_selects_v1_pages']}")
     for r in result.get("steps", []):
-        print(f"  step b{r['batch']} {r['engine']:7s} W {r['window']:5d} k {r['pages']:3d}: replay "
-              f"{r['graph_replay_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms, {r['tokens_per_s']:.0f} tok/s "
-              f"{r.get('tokens_per_s_over_window', '')}")
+        print(f"  step b{r['batch']} {r['engine']:9s} splits {r['splits']} W {r['window']:5d} k {r['pages']:3d}: "
+              f"replay {r['graph_replay_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms, {r['tokens_per_s']:.0f} "
+              f"tok/s {r.get('tokens_per_s_over_window', '')}")
 
 
 if __name__ == "__main__":

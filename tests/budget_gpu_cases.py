@@ -90,6 +90,43 @@ def decode_cases(out: dict) -> None:
         out[f"moves:g{group}-k1"] = float(np.abs(answers[1] - answers[0]).max())  # the pages change the answer
         sel = select_pages(q, bounds, pos, torch.tensor(window), torch.tensor(2), sinks=sinks, page=page, k_max=8)
         out[f"select:g{group}-k2-beyond-k"] = float((sel[:, 2:] != -1).sum())  # k = 2 of a list of 8: the rest -1
+        small = torch.from_numpy(page_bounds_np(kc.numpy(), pos.numpy(), sinks, 2))  # pages of 2: 32 or 64 pages
+        for pages in (3, 16):  # the spread scoring (programs of 16 pages, the last chooses) takes the same set
+            args = (q, small, pos, torch.tensor(window), torch.tensor(pages))
+            kw = dict(sinks=sinks, page=2, k_max=16)
+            new = select_pages(*args, **kw, block_p=16, legacy=False).sort(1).values
+            old = select_pages(*args, **kw, legacy=True).sort(1).values
+            out[f"select:g{group}-k{pages}-same-set"] = float((new != old).sum())
+
+
+def write_cases(out: dict) -> None:
+    """budget_decode(write=True): the attention launch writes each stream's row and its page's bounds (1 and 4
+    splits, through a ring wrap): the same output as without the write, ring_write_bounds' rows, and the bounds
+    recomputed from the rows."""
+    torch.manual_seed(2)
+    b, h_kv, group, d, sinks, wmax, page = 2, 2, 2, 16, 2, 64, 2
+    c = sinks + wmax
+    kc, vc = torch.randn(b, h_kv, c, d).to(DT), torch.randn(b, h_kv, c, d).to(DT)
+    pos = torch.tensor([0, 60])
+    bounds = torch.from_numpy(page_bounds_np(kc.numpy(), pos.numpy(), sinks, page)).to(DT)
+    diff = rows = worst = 0.0
+    for step in range(8):  # stream 0 writes sink rows, stream 1 wraps the ring of 64
+        q, qs = torch.randn(b, h_kv * group, d).to(DT), torch.randn(b, h_kv * group, d).to(DT)
+        k, v = torch.randn(b, h_kv, d).to(DT), torch.randn(b, h_kv, d).to(DT)
+        args = (q, qs, k, v, kc, vc, bounds, pos, torch.tensor(8), torch.tensor(2))
+        kw = dict(sinks=sinks, page=page, k_max=2, splits=1 if step % 2 else 4, block_p=16)  # 32 pages: 2 programs
+        want = budget_decode(*args, **kw)
+        got = budget_decode(*args, **kw, write=True)
+        diff = max(diff, float((got.double() - want.double()).abs().max()))
+        slots = RingLayout(sinks, wmax).slots(pos.numpy())
+        rows += sum(not (torch.equal(kc[i, :, slots[i]], k[i]) and torch.equal(vc[i, :, slots[i]], v[i]))
+                    for i in range(b))
+        pos = pos + 1
+        if step % 3 == 1 or step == 7:
+            worst = max(worst, filled_pages_error(bounds, kc, pos, sinks, page))
+    out["write:output-unchanged"] = diff
+    out["write:rows-wrong"] = float(rows)
+    out["write:bounds"] = worst
 
 
 def tie_case(out: dict) -> None:
@@ -108,7 +145,7 @@ if __name__ == "__main__":
     import time
 
     results: dict[str, float] = {}
-    for case in (bounds_cases, decode_cases, tie_case):
+    for case in (bounds_cases, decode_cases, write_cases, tie_case):
         t0 = time.perf_counter()
         case(results)
         results[f"seconds:{case.__name__}"] = time.perf_counter() - t0

@@ -15,7 +15,8 @@ makes it traceable by torch.compile, which keeps the cache writes in place (the 
 
 `ring_decode_budget` is ring_decode with the attention budget (also the pages [] int64 device scalar, the
 page bounds [B', H_kv, P, 2, D] it keeps, `page` and `k_max`): CUDA runs budget_decode.py's selection and
-block-sparse split-K kernels over the cache as it was before the new token, then budget_bounds.py's write.
+block-sparse split-K kernels over the cache as it was before the new token, the attention launch writing the new
+row and its page's bounds once the row it overwrites is read.
 """
 
 from __future__ import annotations
@@ -127,13 +128,12 @@ def ring_decode_budget(q: torch.Tensor, q_sink: torch.Tensor, k: torch.Tensor, v
 @ring_decode_budget.register_kernel("cuda")
 def _ring_decode_budget_cuda(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, pages, sinks, scale,
                              splits, page, k_max):
-    from edgeattn.plugins.kernels.budget_bounds import ring_write_bounds  # loads triton
-    from edgeattn.plugins.kernels.budget_decode import budget_decode
+    from edgeattn.plugins.kernels.budget_decode import budget_decode  # loads triton
 
-    out = budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, pages, sinks=sinks,
-                        page=page, k_max=k_max, scale=scale, splits=splits or None)
-    ring_write_bounds(k, v, k_cache, v_cache, bounds, positions, sinks=sinks, page=page)
-    return out
+    # two launches: the selection, then the attention, whose last program per stream and kv head writes the row
+    # and its page's bounds (EDGEATTN_BUDGET_V1=1: the first path, ending in budget_bounds.ring_write_bounds)
+    return budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, pages, sinks=sinks,
+                         page=page, k_max=k_max, scale=scale, splits=splits or None, write=True)
 
 
 @ring_decode_budget.register_fake
