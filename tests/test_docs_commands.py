@@ -217,6 +217,19 @@ CASES: dict[tuple[str, str], Case] = {
                            "--divisors 8 --samples 10 --prompt-form raw --window-max 4096 --threads 2 --out "
                            "benchmarks/results/eval_multikey_smollm2_raw_cpu.json --plot "
                            "docs/images/eval_multikey_smollm2_raw_cpu.png"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks passkey,multikey --contexts 4096 "
+                           "--settings window,budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention "
+                           "whole --window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_prompt_whole_smollm2_raw_4k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn export smollm2 --decoder --page 16 --dense-layers 2 --out smollm2-dense2.onnx"):
+        Case("slow"),
+    ("docs/evaluation.md", "edgeattn build smollm2-dense2.onnx"): Case(
+        "slow", setup="edgeattn export smollm2 --decoder --page 16 --dense-layers 2 --out smollm2-dense2.onnx",
+        expect="smollm2-dense2.edgeattn"),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-dense2.edgeattn --tasks passkey,multikey --contexts 4096 "
+                           "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
+                           "--window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_prompt_whole_dense2_smollm2_raw_4k_cpu.json"): skip(BENCH),
     # kernels
     ("docs/kernels.md", "python benchmarks/attention_h200.py --out results.json"): skip(GPU),
     ("docs/kernels.md", "python benchmarks/attention_h200.py --sweep --out results.json"): skip(GPU),
