@@ -154,3 +154,43 @@ def test_the_fused_form_lowers_a_budget_node_to_plain_ops_and_says_why():
     _, result = _lowered(_model(2, 4, 2), form="fused")
     assert result.details["lowered"] == 2 and result.details["group_query_attention"] == 0
     assert not result.details["kept"]
+
+
+PAGE_NODES = 26  # a layer's page path in the lowered graph (~44 before its layout was planned for ONNX Runtime)
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Relu", "Where", "Less", "Greater", "LessOrEqual",
+               "GreaterOrEqual", "And", "Or", "Sum"}
+
+
+def test_the_page_path_is_few_nodes_on_long_rows():
+    """A CPU decode step is thousands of small nodes, each ~10 us in ONNX Runtime whatever its work: a layer's pages
+    add at most PAGE_NODES nodes (the layers' own part; what positions and shapes alone give is built once a step),
+    none a Transpose, Unsqueeze or Expand; and no elementwise node of a layer writes a tensor whose last axis is 1
+    (ONNX Runtime's broadcasting loops that axis element by element, ~10x slower)."""
+    def nodes(model):
+        return [n for n in model.graph.node if n.name.startswith("attn1/")]  # the second layer: per-layer nodes only
+
+    per_layer = {budget: nodes(_lowered(_model(2, 4, 2, budget=budget))[0]) for budget in (False, True)}
+    added = len(per_layer[True]) - len(per_layer[False])
+    assert added <= PAGE_NODES, f"the page path takes {added} nodes a layer (at most {PAGE_NODES})"
+    kinds = {n.op_type for n in per_layer[True]} - {n.op_type for n in per_layer[False]}
+    assert not kinds & {"Transpose", "Unsqueeze", "Expand"}, kinds
+
+    model, _ = _lowered(_model(2, 4, 2))
+    elementwise = {n.output[0]: n.name for n in nodes(model) if n.op_type in ELEMENTWISE}
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in elementwise)
+    rng = np.random.default_rng(0)
+    b, c, sinks, page = 2, 2 + 16, 2, 4
+    pos = np.array([40, 23], np.int64)
+    pk = rng.standard_normal((b, 2, c, D)).astype(np.float32)
+    feeds = {"cache_position": pos, "window": np.array(3, np.int64), "pages": np.array(2, np.int64)}
+    for layer in range(2):
+        feeds.update({f"q{layer}": rng.standard_normal((b, 4, 1, D)).astype(np.float32),
+                      f"q_sink{layer}": rng.standard_normal((b, 4, 1, D)).astype(np.float32),
+                      f"k{layer}": rng.standard_normal((b, 2, 1, D)).astype(np.float32),
+                      f"v{layer}": rng.standard_normal((b, 2, 1, D)).astype(np.float32),
+                      f"past_key{layer}": pk, f"past_value{layer}": pk,
+                      f"key_bounds{layer}": page_bounds_np(pk, pos, sinks, page)})
+    outs = _session(model).run(None, feeds)
+    column = [name for name, x in zip(elementwise.values(), outs) if x.ndim and x.shape[-1] == 1]
+    assert not column, column

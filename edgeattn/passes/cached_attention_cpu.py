@@ -225,8 +225,8 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
         rows, rows_sv, split_sv, bias = shared[key][:4]
         rings_of = lambda key: shared[key][4]  # noqa: E731
         flat = c(f"flat_{d}", i64([-1, d]))
-        qg = op("Mul", op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))), c(f"scale_{scale:.9g}",
-                                                                                       np.array(scale, np.float32)))
+        qr = op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d])))  # [B, H_kv, G*S, D]
+        qg = op("Mul", qr, c(f"scale_{scale:.9g}", np.array(scale, np.float32)))
         qsg = op("Mul", op("Reshape", q_sink, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))),
                  c(f"scale_{scale:.9g}", np.array(scale, np.float32)))  # [B, H_kv, G*S, D]
         # keys: three score products concatenated (small), never the keys themselves (W rows a layer)
@@ -235,25 +235,25 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
         ks = op("Slice", pk, c("i0_1", i64([0])), c(f"ns_{ns}", i64([ns])), c("axis2", i64([2])))  # [B, H_kv, NS, D]
         scores = [op("MatMul", query, op("Transpose", key, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, NS | N | S]
                   for query, key in ((qsg, ks), (qg, kw), (qg, k))]
-        scores = op("Add", op("Concat", *scores, axis=-1), bias)  # [B, H_kv, G*S, L]
         if pages is not None:  # the chosen pages' rows: a fourth group of keys in the same Softmax
             bkey = key + (id(pages), _dim_key(bounds, 2))
             if bkey not in budgets:
-                budgets[bkey] = _page_geometry(op, c, i64, rings_of(key), split_sv, bounds, pages, sinks=sinks,
-                                               hkv=hkv, g=g)
-            s_p, v_p = _page_group(op, c, i64, budgets[bkey], q, qg, pk_rows, pv_rows, bounds, hkv=hkv, g=g,
-                                   d=d)
-            p_sw, p_n, p_p = op("Split", op("Softmax", op("Concat", scores, s_p, axis=-1), axis=-1),
-                                budgets[bkey]["split"], axis=-1, outputs=3)  # [.., NS + N], [.., S], [.., R]
+                budgets[bkey] = _page_geometry(op, c, i64, rings_of(key), split_sv, bias, bounds, pages,
+                                               sinks=sinks, hkv=hkv, g=g)
+            s_p, v_p = _page_group(op, c, i64, budgets[bkey], qr, qg, pk_rows, pv_rows, bounds, hkv=hkv, g=g, d=d)
+            scores = op("Add", op("Concat", *scores, s_p, axis=-1), budgets[bkey]["bias"])  # [B, H_kv, G*S, L + R]
+            p_sw, p_n, p_p = op("Split", op("Softmax", scores, axis=-1), budgets[bkey]["split"], axis=-1,
+                                outputs=3)  # [.., NS + N], [.., S], [.., R]
         else:
+            scores = op("Add", op("Concat", *scores, axis=-1), bias)  # [B, H_kv, G*S, L]
             p_sw, p_n = op("Split", op("Softmax", scores, axis=-1), split_sv, axis=-1, outputs=2)  # [.., NS + N], [.., S]
         # values: the sink and window rows in one Gather, the chunk's own values apart (no copy of the cache rows)
         vsw = op("Gather", pv_rows, rows_sv, axis=0)  # [B, H_kv, NS + N, D]
-        out = op("Add", op("MatMul", p_sw, vsw), op("MatMul", p_n, v))  # [B, H_kv, G*S, D]
-        if pages is not None:  # [B, H_kv, G*S, R] -> per query [B, H_kv, S, G, R] @ [B, H_kv, S, R, D]
-            p_p = op("Transpose", op("Reshape", p_p, budgets[bkey]["by_group"]), perm=[0, 1, 3, 2, 4])
-            o_p = op("Transpose", op("MatMul", p_p, v_p), perm=[0, 1, 3, 2, 4])  # [B, H_kv, G, S, D]
-            out = op("Add", out, op("Reshape", o_p, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))))
+        parts = [op("MatMul", p_sw, vsw), op("MatMul", p_n, v)]  # [B, H_kv, G*S, D]
+        if pages is not None:  # per query row (g, i): [1, R] @ [R, D], the values broadcast over the G query heads
+            o_p = op("MatMul", op("Reshape", p_p, budgets[bkey]["by_group"]), v_p)  # [B, H_kv, G, S, 1, D]
+            parts.append(op("Reshape", o_p, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d]))))
+        out = op("Add", *parts) if len(parts) == 2 else op("Sum", *parts)
         out = op("Reshape", out, c(f"heads_{h}_{d}", i64([0, h, -1, d])))  # [B, H, S, D]
         graph.insert_before(node, new)
         out.shape, out.dtype = node.outputs[0].shape, node.outputs[0].dtype
@@ -329,14 +329,19 @@ def _geometry(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, g: i
     return rows, rows_sv, split_sv, bias, geo
 
 
-def _page_geometry(op, c, i64, geo: dict, split_sv, bounds, pages, *, sinks: int, hkv: int, g: int) -> dict:
+def _page_geometry(op, c, i64, geo: dict, split_sv, bias, bounds, pages, *, sinks: int, hkv: int, g: int) -> dict:
     """The attention budget's per-step part (the body's rule, cached_function._page_group), from positions and
-    shapes alone: the candidate pages of each query cand [B, 1, S, P] (a filled past ring row older than the
+    shapes alone: the candidate pages of each query cand [B, 1, 1, S, P] (a filled past ring row older than the
     window), the TopK size k' = max(min(k, most candidates of any query), 1) (a run-time k: a stream inside its
-    window reads one masked page, whatever k), and what turns the chosen pages into rows and their masks."""
+    window reads one masked page, whatever k), and what turns the chosen pages into cache rows and their mask.
+    A ring row is read iff it holds a candidate position: its ring offset x (row - sinks) lies in the candidates'
+    interval, (x - s0) mod W_max < span; so a chosen page that is no candidate reads nothing, and k = 0 (TopK
+    still takes one page) is span 0. Everything a layer needs is laid out here for its ops (_page_group): no
+    Transpose or Unsqueeze there, and no elementwise op on a tensor whose last axis is 1 (ONNX Runtime's
+    broadcasting loops that axis element by element, ~10x slower)."""
     i0, i1 = c("i0", i64(0)), c("i1", i64(1))
     sinks_c = c(f"sinks_{sinks}", i64(sinks))
-    axes0, axes1 = c("axes0", i64([0])), c("axes1", i64([1]))
+    axes0 = c("axes0", i64([0]))
     scalar = c("scalar_shape", i64([]))
     pos, w, wmax, sq_1d = geo["pos"], geo["w"], geo["wmax"], geo["sq_1d"]
     npages = op("Reshape", op("Shape", bounds, start=2, end=3), scalar)
@@ -347,63 +352,57 @@ def _page_geometry(op, c, i64, geo: dict, split_sv, bounds, pages, *, sinks: int
     lo = op("Max", op("Sub", pos, wmax), sinks_c)  # [B, 1]
     t = op("Add", pos, op("Unsqueeze", op("Range", i0, geo["sq"], i1), axes0))  # [B, S]
     span = op("Add", op("Sub", op("Min", op("Sub", pos, i1), op("Sub", t, w)), lo), i1)  # [B, S]: L (<= 0: none)
-    s0 = op("Unsqueeze", op("Mod", op("Sub", lo, sinks_c), wmax), c("axes2", i64([2])))  # [B, 1, 1]
-    span = op("Unsqueeze", span, c("axes2", i64([2])))  # [B, S, 1]
+    s0 = op("Mod", op("Sub", lo, sinks_c), wmax)  # [B, 1]
+    s0_, span_ = op("Unsqueeze", s0, c("axes2", i64([2]))), op("Unsqueeze", span, c("axes2", i64([2])))
     start = op("Mul", op("Range", i0, npages, i1), page)  # [P]
-    cand = op("Or", op("Less", op("Mod", op("Sub", start, s0), wmax), span),
-              op("Less", op("Mod", op("Sub", s0, start), wmax), page))
-    cand = op("And", cand, op("Greater", span, i0))  # [B, S, P]
+    cand = op("Or", op("Less", op("Mod", op("Sub", start, s0_), wmax), span_),
+              op("Less", op("Mod", op("Sub", s0_, start), wmax), page))
+    cand = op("And", cand, op("Greater", span_, i0))  # [B, S, P]
     most = op("ReduceMax", op("ReduceSum", op("Cast", cand, to=ir.DataType.INT64), c("axes_last", i64([-1])),
                                  keepdims=0), keepdims=0)
     kk = op("Max", op("Min", k, most), i1)  # >= 1: zero-sized tensors break older ORT
-    kk_1d, page_1d = op("Unsqueeze", kk, axes0), op("Unsqueeze", page, axes0)
+    page_1d = op("Unsqueeze", page, axes0)
     r_1d = op("Unsqueeze", op("Mul", kk, page), axes0)  # R = k' * page rows a query
-    bsz_1d = op("Unsqueeze", geo["bsz"], axes0)
-    hkv_1d = c(f"hkv_1d_{hkv}", i64([hkv]))
-    by_group = c(f"groups_{g}", i64([0, 0, g, -1]))  # [B, H_kv, G*S, R] -> [B, H_kv, G, S, R]
-    return {"npages": npages, "page": page, "k": k, "kk_1d": kk_1d, "wmax": wmax,
-            "cand": op("Unsqueeze", cand, axes1),  # [B, 1, S, P]
-            "in_k": op("Less", op("Range", i0, kk, i1), k),  # [k']: one of the k (k' > k only when k = 0)
-            "page_rows": op("Range", i0, page, i1),  # [page]
-            "rows_shape": op("Concat", bsz_1d, hkv_1d, sq_1d, r_1d, axis=0),  # [B, H_kv, S, R]
-            "pages_shape": op("Concat", bsz_1d, hkv_1d, sq_1d, kk_1d, page_1d, axis=0),  # [B, H_kv, S, k', page]
-            "by_group": op("Concat", by_group, r_1d, axis=0),
+    read = op("Where", op("Greater", k, i0), span, i0)  # [B, S]: k = 0 reads no row (TopK still takes one page)
+    # the ring rows of every page, [P, page]: W_max numbers once a step, shared by every stream and layer
+    page_rows = op("Reshape", op("Range", sinks_c, op("Add", sinks_c, wmax), i1),
+                   op("Concat", c("minus_1", i64([-1])), page_1d, axis=0))
+    return {"kk_1d": op("Unsqueeze", kk, axes0), "wmax": wmax, "page_rows": page_rows,
+            "cand": op("Unsqueeze", cand, c("axes12", i64([1, 2]))),  # [B, 1, 1, S, P]
+            "rows_shape": op("Concat", op("Unsqueeze", geo["bsz"], axes0), c(f"hkv_1_{hkv}", i64([hkv, 1])), sq_1d,
+                             r_1d, axis=0),  # [B, H_kv, 1, S, R]
+            "base": op("Unsqueeze", geo["base"], c("axes34", i64([3, 4]))),  # [B, H_kv, 1, 1, 1]: flat row 0
+            "s0": op("Unsqueeze", op("Add", s0, sinks_c), c("axes234", i64([2, 3, 4]))),  # [B, 1, 1, 1, 1]
+            "span": op("Unsqueeze", read, c("axes124", i64([1, 2, 4]))),  # [B, 1, 1, S, 1]
+            "by_group": op("Concat", c(f"groups_{g}_1", i64([0, 0, g, -1, 1])), r_1d, axis=0),  # [B, H_kv, G, S, 1, R]
             "flat_groups": op("Concat", c("shape_0_0_m1", i64([0, 0, -1])), r_1d, axis=0),  # -> [B, H_kv, G*S, R]
-            "last": op("Unsqueeze", op("Sub", op("Sub", pos, i1), sinks_c), c("axes12", i64([1, 2]))),  # [B,1,1,1]
-            "newest": op("Unsqueeze", op("Sub", op("Sub", t, sinks_c), w), c("axes13", i64([1, 3]))),  # [B,1,S,1]
-            "base": op("Add", op("Unsqueeze", geo["base"], c("axes3", i64([3]))), sinks_c),  # [B, H_kv, 1, 1]
-            "split": op("Concat", split_sv, r_1d, axis=0)}  # [NS + N, S, R]
+            "split": op("Concat", split_sv, r_1d, axis=0),  # [NS + N, S, R]
+            # the window's bias [B, 1, G*S, L] and 0 for the pages' rows (their scores are -inf where not read)
+            "bias": op("Pad", bias, op("Concat", c("zeros_7", i64([0] * 7)), r_1d, axis=0))}
 
 
-def _page_group(op, c, i64, geo: dict, q, qg, pk_rows, pv_rows, bounds, *, hkv: int, g: int, d: int):
+def _page_group(op, c, i64, geo: dict, qr, qg, pk_rows, pv_rows, bounds, *, hkv: int, g: int, d: int):
     """One layer's pages: Quest's bound of every page, sum_d max(q_d * min_d, q_d * max_d) = [min(q, 0), relu(q)]
     . [min, max] (one product), its max over the G query heads of a KV head, TopK of the candidates, and the
-    chosen pages' rows gathered (k' * page rows a query, never the cache). -> scores [B, H_kv, G*S, R] (scaled,
-    -inf where a row is not read: not taken, empty, or a window row) and values [B, H_kv, S, R, D]."""
+    chosen pages' rows gathered (k' * page rows a query, never the cache). The scores are one row's keys times a
+    query column, batched over (B, H_kv, G, S) with the keys broadcast over G: no Transpose. qr, qg: the queries
+    [B, H_kv, G*S, D] unscaled and scaled. -> scores [B, H_kv, G*S, R] (scaled, -inf where a row is not read: not
+    taken, empty, or a window row) and values [B, H_kv, 1, S, R, D]."""
     neg_inf = c("fneginf", np.array(-np.inf, np.float32))
-    qr = op("Reshape", q, c(f"gqa_{hkv}_{d}", i64([0, hkv, -1, d])))  # [B, H_kv, G*S, D], rotated at t, unscaled
-    qq = op("Concat", op("Min", qr, c("f0", np.array(0.0, np.float32))), op("Relu", qr), axis=-1)  # [.., 2D]
-    kb = op("Reshape", bounds, c(f"bounds_{hkv}_{2 * d}", i64([0, hkv, -1, 2 * d])))  # [B, H_kv, P, 2D]: min, max
-    bound = op("MatMul", kb, op("Transpose", qq, perm=[0, 1, 3, 2]))  # [B, H_kv, P, G*S]: the bounds are not copied
+    drop_last = c("drop_last_5", i64([0, 0, 0, 0, -1]))  # [.., X, 1] -> [.., X]
+    qq = op("Concat", op("Min", qr, c("f0", np.array(0.0, np.float32))), op("Relu", qr), axis=-1)  # [.., G*S, 2D]
+    qq = op("Reshape", qq, c(f"query_col_{hkv}_{g}_{2 * d}", i64([0, hkv, g, -1, 2 * d, 1])))  # [B,H_kv,G,S,2D,1]
+    kb = op("Reshape", bounds, c(f"bounds_{hkv}_{2 * d}", i64([0, hkv, 1, 1, -1, 2 * d])))  # [B,H_kv,1,1,P,2D]
+    bound = op("Reshape", op("MatMul", kb, qq), drop_last)  # [B, H_kv, G, S, P]: the bounds are not copied
     if g > 1:
-        bound = op("ReduceMax", op("Reshape", bound, c(f"by_group_{g}", i64([0, 0, 0, g, -1]))), c("axes3", i64([3])),
-                   keepdims=0)  # [B, H_kv, P, S]
-    bound = op("Transpose", bound, perm=[0, 1, 3, 2])  # [B, H_kv, S, P]
-    best, chosen = op("TopK", op("Where", geo["cand"], bound, neg_inf), geo["kk_1d"], axis=-1, largest=1, sorted=1,
-                      outputs=2)  # [B, H_kv, S, k']: ties, the lower page first
-    taken = op("And", op("Greater", best, neg_inf), geo["in_k"])  # a candidate, and one of the k
-    o = op("Add", op("Unsqueeze", op("Mul", chosen, geo["page"]), c("axes4", i64([4]))), geo["page_rows"])
-    o = op("Reshape", o, geo["rows_shape"])  # [B, H_kv, S, R]: ring offsets of the chosen pages' rows
-    held = op("Sub", geo["last"], op("Mod", op("Sub", geo["last"], o), geo["wmax"]))  # the offset p - sinks it holds
-    page_ok = op("Reshape", op("Expand", op("Unsqueeze", taken, c("axes4", i64([4]))), geo["pages_shape"]),
-                 geo["rows_shape"])
-    ok = op("And", op("And", op("GreaterOrEqual", held, c("i0", i64(0))), op("LessOrEqual", held, geo["newest"])),
-            page_ok)  # filled, older than the window, and of a taken page
-    rows = op("Add", o, geo["base"])  # [B, H_kv, S, R] rows of the cache seen as [B*H_kv*C, D]
-    kp = op("Gather", pk_rows, rows, axis=0)  # [B, H_kv, S, R, D]
-    vp = op("Gather", pv_rows, rows, axis=0)
-    qs = op("Transpose", op("Reshape", qg, c(f"groups_{hkv}_{g}_{d}", i64([0, hkv, g, -1, d]))),
-            perm=[0, 1, 3, 2, 4])  # [B, H_kv, S, G, D], scaled
-    s = op("MatMul", qs, op("Transpose", kp, perm=[0, 1, 2, 4, 3]))  # [B, H_kv, S, G, R]
-    s = op("Where", op("Unsqueeze", ok, c("axes3", i64([3]))), s, neg_inf)
-    return op("Reshape", op("Transpose", s, perm=[0, 1, 3, 2, 4]), geo["flat_groups"]), vp
+        bound = op("ReduceMax", bound, c("axes2", i64([2])), keepdims=1)  # [B, H_kv, 1, S, P]
+    _, chosen = op("TopK", op("Where", geo["cand"], bound, neg_inf), geo["kk_1d"], axis=-1, largest=1, sorted=1,
+                   outputs=2)  # [B, H_kv, 1, S, k']: ties, the lower page first
+    rows = op("Reshape", op("Gather", geo["page_rows"], chosen, axis=0), geo["rows_shape"])  # [B, H_kv, 1, S, R]
+    ok = op("Less", op("Mod", op("Sub", rows, geo["s0"]), geo["wmax"]), geo["span"])  # [B, H_kv, 1, S, R]
+    flat = op("Add", rows, geo["base"])  # rows of the cache seen as [B*H_kv*C, D]
+    kp = op("Gather", pk_rows, flat, axis=0)  # [B, H_kv, 1, S, R, D]
+    vp = op("Gather", pv_rows, flat, axis=0)
+    qc = op("Reshape", qg, c(f"query_col_{hkv}_{g}_{d}", i64([0, hkv, g, -1, d, 1])))  # [B, H_kv, G, S, D, 1]
+    s = op("Reshape", op("MatMul", kp, qc), drop_last)  # [B, H_kv, G, S, R]
+    return op("Reshape", op("Where", ok, s, neg_inf), geo["flat_groups"]), vp
