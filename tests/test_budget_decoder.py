@@ -57,22 +57,25 @@ def _reference_steps(model, ids, window, pages, dense_layers=0):
     return outs, past
 
 
-def test_the_bundle_with_pages_equals_the_reference_step_by_step(paged_bundle):
+@pytest.mark.parametrize("window", [8, 40])
+def test_the_bundle_with_pages_equals_the_reference_step_by_step(paged_bundle, window):
+    """Window 8: every chunk on the ring path; window 40: the first chunks inside the window run on the fast path
+    (written for a bundle with a dense layer too: it reads at least the live window)."""
     from edgeattn.attention.cached_reference import page_bounds_np
     from edgeattn.bundle.folder import open_bundle
     from edgeattn.runtime.generation.decoder_bundle import DecoderModel
 
     model, path = paged_bundle
     ids = np.random.default_rng(0).integers(0, 1000, sum(CHUNKS))
-    want, past = _reference_steps(model, ids, 8, 2, dense_layers=1)
+    want, past = _reference_steps(model, ids, window, 2, dense_layers=1)
     dec = DecoderModel(open_bundle(path)).activate()
-    assert dec.info["dense_layers"] == 1
+    assert dec.info["dense_layers"] == 1 and dec.fast_path
     try:
         cache, window_only = dec.new_cache(1), dec.new_cache(1)
         n = 0
         for s, expected in zip(CHUNKS, want):
-            got = dec.step(cache, [0], ids[None, n:n + s], 8, pages=2)
-            alone = dec.step(window_only, [0], ids[None, n:n + s], 8)
+            got = dec.step(cache, [0], ids[None, n:n + s], window, pages=2)
+            alone = dec.step(window_only, [0], ids[None, n:n + s], window)
             np.testing.assert_allclose(got, expected, atol=1e-5 * np.abs(expected).max())
             n += s
         assert np.abs(got - alone).max() > 1e-3  # past the window, the pages change the logits

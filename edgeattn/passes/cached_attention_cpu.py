@@ -145,7 +145,7 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
             found = "it reads the attention budget's retrieval pages, which GroupQueryAttention does not"
         if fast_path and pages is not None:  # inside the window no past row is a page candidate: pages read nothing
             unread.update((pages, bounds))
-        if fast_path and isinstance(found, dict) and not window.is_graph_input():  # min(W, a trained window)
+        if fast_path and isinstance(found, dict) and not _reads_at_least_the_live_window(window):  # min(W, trained)
             found = "its window is capped in the graph (a trained sliding window); the fast path reads every position"
         if isinstance(found, dict) and fast_path:  # no sink rotation: while t <= sinks + W the second one is t itself
             if key not in shared_gqa:
@@ -267,6 +267,20 @@ def lower_cached(model: ir.Model, *, form: str = "ops", rotary_rows: int | None 
         if value.is_graph_input() and not value.uses():
             graph.inputs.remove(value)
     return lowered, len(shared) + len(shared_gqa), kept, {"fused": n_fused, "plain": plain, "rotary": rotary}
+
+
+def _reads_at_least_the_live_window(window: ir.Value) -> bool:
+    """Whether a node's window is the graph's window input, or a layer kept dense under a budget (the export's
+    dense_layers: Where(pages > 0, 0 = the whole ring, the window input)): either way it reads at least the
+    live window, so a stream still inside that window reads every position, as the fast path does. A window
+    capped in the graph (min(W, a trained window)) reads less."""
+    if window.is_graph_input():
+        return True
+    node = window.producer()
+    if node is None or node.op_type != "Where" or not node.inputs[2].is_graph_input():
+        return False
+    whole = node.inputs[1].const_value
+    return whole is not None and whole.numpy().size == 1 and int(whole.numpy().reshape(())) == 0
 
 
 def ring(op, c, i64, q, pk, position, window, *, sinks: int, hkv: int, seq_axis: int = 2) -> dict[str, ir.Value]:
