@@ -132,9 +132,17 @@ def test_no_tensor_the_size_of_the_ring():
     producers = {out: node for node in model.graph.node for out in node.output}
     del model.graph.output[:]
     model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in producers)
-    rng = np.random.default_rng(0)
     b, c = 2, sinks + wmax
-    pos = np.array([9000, 5000], np.int64)
+    outs = _session(model).run(None, _step_feeds(np.array([9000, 5000], np.int64), c, window, pages, sinks, page))
+    big = {name: producers[name] for name, x in zip(producers, outs) if np.asarray(x).size >= b * c}
+    views = {name for name, node in big.items() if node.op_type == "Reshape" and node.input[0] in inputs}
+    assert len(views) == 6 and not set(big) - views, sorted(big)  # past_key, past_value and key_bounds, each layer
+
+
+def _step_feeds(pos, c: int, window: int, pages: int, sinks: int, page: int) -> dict:
+    """A decode step's feeds for _model(2, 4, 2, budget=True): 2 streams at `pos`, a cache of c rows per layer
+    (keys = values), their page bounds."""
+    rng, b = np.random.default_rng(0), len(pos)
     feeds = {"cache_position": pos, "window": np.array(window, np.int64), "pages": np.array(pages, np.int64)}
     for layer in range(2):
         pk = rng.standard_normal((b, 2, c, D)).astype(np.float32)
@@ -144,10 +152,7 @@ def test_no_tensor_the_size_of_the_ring():
                       f"v{layer}": rng.standard_normal((b, 2, 1, D)).astype(np.float32),
                       f"past_key{layer}": pk, f"past_value{layer}": pk,
                       f"key_bounds{layer}": page_bounds_np(pk, pos, sinks, page)})
-    outs = _session(model).run(None, feeds)
-    big = {name: producers[name] for name, x in zip(producers, outs) if np.asarray(x).size >= b * c}
-    views = {name for name, node in big.items() if node.op_type == "Reshape" and node.input[0] in inputs}
-    assert len(views) == 6 and not set(big) - views, sorted(big)  # past_key, past_value and key_bounds, each layer
+    return feeds
 
 
 def test_the_fused_form_lowers_a_budget_node_to_plain_ops_and_says_why():
@@ -179,18 +184,6 @@ def test_the_page_path_is_few_nodes_on_long_rows():
     elementwise = {n.output[0]: n.name for n in nodes(model) if n.op_type in ELEMENTWISE}
     del model.graph.output[:]
     model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in elementwise)
-    rng = np.random.default_rng(0)
-    b, c, sinks, page = 2, 2 + 16, 2, 4
-    pos = np.array([40, 23], np.int64)
-    pk = rng.standard_normal((b, 2, c, D)).astype(np.float32)
-    feeds = {"cache_position": pos, "window": np.array(3, np.int64), "pages": np.array(2, np.int64)}
-    for layer in range(2):
-        feeds.update({f"q{layer}": rng.standard_normal((b, 4, 1, D)).astype(np.float32),
-                      f"q_sink{layer}": rng.standard_normal((b, 4, 1, D)).astype(np.float32),
-                      f"k{layer}": rng.standard_normal((b, 2, 1, D)).astype(np.float32),
-                      f"v{layer}": rng.standard_normal((b, 2, 1, D)).astype(np.float32),
-                      f"past_key{layer}": pk, f"past_value{layer}": pk,
-                      f"key_bounds{layer}": page_bounds_np(pk, pos, sinks, page)})
-    outs = _session(model).run(None, feeds)
+    outs = _session(model).run(None, _step_feeds(np.array([40, 23], np.int64), 2 + 16, 3, 2, sinks=2, page=4))
     column = [name for name, x in zip(elementwise.values(), outs) if x.ndim and x.shape[-1] == 1]
     assert not column, column
