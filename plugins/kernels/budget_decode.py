@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from edgeattn.plugins.kernels.cached_decode import INTERPRETER_SMS, PROGRAMS_PER_SM, cached_decode_splits
-from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG
+from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG, decode_step, load_rows
 from edgeattn.plugins.kernels.decode import _windowed_decode_reduce_kernel, merge_splits
 from edgeattn.plugins.kernels.launch import last_dim_contiguous
 from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N, decode_splits
@@ -143,21 +143,13 @@ def _budget_blocks(acc, l_i, m_i, q, K, V, sel, kv_base, stride_kn, stride_vn, o
             live = live & (page >= 0) & (p >= 0) & (t - p >= w)
             rows = sinks + r
         rows = tl.where(live, rows, 0).to(tl.int64)
-        k = tl.load(K + kv_base + rows[:, None] * stride_kn + offs_d[None, :], mask=live[:, None], other=0.0)
-        if MODE == 1:
+        k = load_rows(K, kv_base, rows, live, offs_d, stride_kn)
+        v = load_rows(V, kv_base, rows, live, offs_d, stride_vn)
+        if MODE == 1:  # the new token, not yet in the cache
             new = (u == count - 1)[:, None]
             k = tl.where(new, kn[None, :], k)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale  # qk: [BLOCK_M, BLOCK_N], log2 domain
-        qk = tl.where(live[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p_w = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p_w, 1)
-        v = tl.load(V + kv_base + rows[:, None] * stride_vn + offs_d[None, :], mask=live[:, None], other=0.0)
-        if MODE == 1:
             v = tl.where(new, vn[None, :], v)
-        acc = acc * alpha[:, None] + tl.dot(p_w.to(v.dtype), v)
-        m_i = m_new
+        acc, l_i, m_i = decode_step(acc, l_i, m_i, q, k, v, live, qk_scale)
     return acc, l_i, m_i
 
 
@@ -330,16 +322,9 @@ def _sel_blocks(acc, l_i, m_i, q, K, V, Sel, sel_base, kv_base, stride_kn, strid
         p = _held_positions(r, t, sinks, wmax)
         live = live & (page >= 0) & (p >= 0) & (t - p >= w)
         rows = tl.where(live, sinks + r, 0).to(tl.int64)
-        k = tl.load(K + kv_base + rows[:, None] * stride_kn + offs_d[None, :], mask=live[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
-        qk = tl.where(live[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p_w = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p_w, 1)
-        v = tl.load(V + kv_base + rows[:, None] * stride_vn + offs_d[None, :], mask=live[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p_w.to(v.dtype), v)
-        m_i = m_new
+        k = load_rows(K, kv_base, rows, live, offs_d, stride_kn)
+        v = load_rows(V, kv_base, rows, live, offs_d, stride_vn)
+        acc, l_i, m_i = decode_step(acc, l_i, m_i, q, k, v, live, qk_scale)
     return acc, l_i, m_i
 
 

@@ -136,6 +136,25 @@ def softmax_update(acc, l_i, m_i, qk, qk_scale, V, v_base, start_n, offs_n, offs
 
 
 @triton.jit
+def load_rows(T, base, rows, live, offs_d, stride_n):
+    """Cache rows `rows` [BLOCK_N] (int64) of one head as [BLOCK_N, D]; rows where `live` is False read as zeros."""
+    return tl.load(T + base + rows[:, None] * stride_n + offs_d[None, :], mask=live[:, None], other=0.0)
+
+
+@triton.jit
+def decode_step(acc, l_i, m_i, q, k, v, live, qk_scale):
+    """One online-softmax step of a decode tile: q [BLOCK_M, D] against a block's keys and values k, v
+    [BLOCK_N, D] (keys where `live` is False count for nothing); qk_scale carries log2(e), so the scores are in
+    the log2 domain. Returns the updated acc [BLOCK_M, D] fp32, l_i and m_i [BLOCK_M]."""
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    qk = tl.where(live[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(qk - m_new[:, None])
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v), l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
 def attend_blocks(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, stride_kn, stride_vn,
                   pos, offs_d, start, stop, window, sinks, S_k, qk_scale,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,

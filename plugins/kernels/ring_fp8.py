@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from edgeattn.optional import require
-from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG
+from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG, decode_step, load_rows
 from edgeattn.plugins.kernels.decode import _windowed_decode_reduce_kernel
 from edgeattn.plugins.kernels.launch import last_dim_contiguous
 from edgeattn.plugins.kernels.tuning import DECODE_BLOCK_N
@@ -47,16 +47,9 @@ def _ring_blocks_fp8(acc, l_i, m_i, q, K, V, kv_base, stride_kn, stride_vn, offs
             p = first_pos + u
             rows = tl.where(p < sinks, p, sinks + (p - sinks) % wmax)
         rows = tl.where(live, rows, 0).to(tl.int64)
-        k = tl.load(K + kv_base + rows[:, None] * stride_kn + offs_d[None, :], mask=live[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k.to(tl.float16))) * qk_scale  # qk: [BLOCK_M, BLOCK_N], log2 domain
-        qk = tl.where(live[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p_w = tl.math.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p_w, 1)
-        v = tl.load(V + kv_base + rows[:, None] * stride_vn + offs_d[None, :], mask=live[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p_w.to(tl.float16), v.to(tl.float16))
-        m_i = m_new
+        k = load_rows(K, kv_base, rows, live, offs_d, stride_kn).to(tl.float16)
+        v = load_rows(V, kv_base, rows, live, offs_d, stride_vn).to(tl.float16)
+        acc, l_i, m_i = decode_step(acc, l_i, m_i, q, k, v, live, qk_scale)
     return acc, l_i, m_i
 
 
