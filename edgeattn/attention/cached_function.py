@@ -147,13 +147,10 @@ def _page_group(b: _Body, qf, scale, pk, pv, capped, *, pages_max, bsz, hkv, g, 
     s0_, span_ = b.Unsqueeze(s0, b.const([2])), b.Unsqueeze(span, b.const([2]))  # [B, 1, 1], [B, S, 1]
     cand = b.Or(b.Less(b.Mod(b.Sub(start, s0_), wmax), span_), b.Less(b.Mod(b.Sub(s0_, start), wmax), page))
     cand = b.Unsqueeze(b.And(cand, b.Greater(span_, i0)), b.const([1]))  # [B, 1, S, P]
-    # Quest's bound: sum_d max(q_d * min_d, q_d * max_d) = relu(q) . max + min(q, 0) . min; max over the group
-    lo_b = b.Squeeze(b.Slice(kb, b.const([0]), b.const([1]), b.const([3])), b.const([3]))  # [B, H_kv, P, D]
-    hi_b = b.Squeeze(b.Slice(kb, b.const([1]), b.const([2]), b.const([3])), b.const([3]))
+    # a page's score: q . the centre of its key bounds, (min + max) / 2; the largest over the group
+    centre = b.Mul(b.ReduceSum(kb, b.const([3]), keepdims=0), b.const(0.5, np.float32))  # [B, H_kv, P, D]
     qr = b.Reshape(qf, b.vec(bsz, hkv, b.Mul(g, sq), d))
-    zero = b.const(0.0, np.float32)
-    bound = b.Add(b.MatMul(b.Relu(qr), b.Transpose(hi_b, perm=[0, 1, 3, 2])),
-                  b.MatMul(b.Min(qr, zero), b.Transpose(lo_b, perm=[0, 1, 3, 2])))  # [B, H_kv, G*S, P]
+    bound = b.MatMul(qr, b.Transpose(centre, perm=[0, 1, 3, 2]))  # [B, H_kv, G*S, P]
     bound = b.ReduceMax(b.Reshape(bound, b.vec(bsz, hkv, g, sq, npages)), b.const([2]), keepdims=0)  # [B,H_kv,S,P]
     neg_inf = b.const(-np.inf, np.float32)
     k_in = b.const([pages_max]) if pages_max else b.Unsqueeze(kk, b.const([0]))  # a Constant node for TensorRT

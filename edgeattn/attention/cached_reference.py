@@ -61,13 +61,15 @@ def cached_attention_np(q, q_sink, k, v, past_key, past_value, cache_position, w
 
 
 def _page_rows(q, bounds, rows, t: int, w: int, layout: RingLayout, pages: int, page: int) -> list:
-    """The past rows of the k best candidate pages that are not window rows. q: [G, D] (rotated at t);
+    """The past rows of the k best candidate pages that are not window rows; a page scores the largest of q . c over
+    the group's queries, c the centre of its key bounds (min + max) / 2. q: [G, D] (rotated at t);
     bounds: [P, 2, D]; rows: the stream position each cache row holds (-1 empty)."""
     of = layout.page_of(np.arange(layout.capacity), page)
     old = (rows >= layout.sinks) & (t - rows >= w)  # filled past ring rows older than the window
     candidates = sorted({int(of[row]) for row in np.flatnonzero(old)})
     bounds = np.asarray(bounds, dtype=np.float64)
-    score = {j: max(float(np.maximum(qh * bounds[j, 0], qh * bounds[j, 1]).sum()) for qh in q) for j in candidates}
+    centre = {j: bounds[j].sum(axis=0) / 2 for j in candidates}  # the middle of each page's key bounds
+    score = {j: max(float(qh @ centre[j]) for qh in q) for j in candidates}
     best = sorted(candidates, key=lambda j: (-score[j], j))[:pages]  # ties: lower page first
     return [("window", "past", int(row)) for row in np.flatnonzero(old & np.isin(of, best))]
 

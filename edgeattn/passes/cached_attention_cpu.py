@@ -396,15 +396,15 @@ def _page_geometry(op, c, i64, geo: dict, split_sv, bias, bounds, pages, *, sink
 
 
 def _page_group(op, c, i64, geo: dict, qr, qg, pk_rows, pv_rows, bounds, *, hkv: int, g: int, d: int):
-    """One layer's pages: Quest's bound of every page, sum_d max(q_d * min_d, q_d * max_d) = [min(q, 0), relu(q)]
-    . [min, max] (one product), its max over the G query heads of a KV head, TopK of the candidates, and the
-    chosen pages' rows gathered (k' * page rows a query, never the cache). The scores are one row's keys times a
+    """One layer's pages: every page's score, q . (min + max) = [q, q] . [min, max] (one product: twice q . the
+    centre of its key bounds, the same order), its max over the G query heads of a KV head, TopK of the candidates,
+    and the chosen pages' rows gathered (k' * page rows a query, never the cache). The scores are one row's keys times a
     query column, batched over (B, H_kv, G, S) with the keys broadcast over G: no Transpose. qr, qg: the queries
     [B, H_kv, G*S, D] unscaled and scaled. -> scores [B, H_kv, G*S, R] (scaled, -inf where a row is not read: not
     taken, empty, or a window row) and values [B, H_kv, 1, S, R, D]."""
     neg_inf = c("fneginf", np.array(-np.inf, np.float32))
     drop_last = c("drop_last_5", i64([0, 0, 0, 0, -1]))  # [.., X, 1] -> [.., X]
-    qq = op("Concat", op("Min", qr, c("f0", np.array(0.0, np.float32))), op("Relu", qr), axis=-1)  # [.., G*S, 2D]
+    qq = op("Concat", qr, qr, axis=-1)  # [.., G*S, 2D]
     qq = op("Reshape", qq, c(f"query_col_{hkv}_{g}_{2 * d}", i64([0, hkv, g, -1, 2 * d, 1])))  # [B,H_kv,G,S,2D,1]
     kb = op("Reshape", bounds, c(f"bounds_{hkv}_{2 * d}", i64([0, hkv, 1, 1, -1, 2 * d])))  # [B,H_kv,1,1,P,2D]
     bound = op("Reshape", op("MatMul", kb, qq), drop_last)  # [B, H_kv, G, S, P]: the bounds are not copied

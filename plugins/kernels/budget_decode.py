@@ -82,13 +82,11 @@ def _budget_select_kernel(
     r_lo = (tl.maximum(lo_p - sinks, 0)) % wmax
     n_cand = tl.where(span > 0, tl.minimum(n_pages, (r_lo % PAGE + span - 1) // PAGE + 1), 0)
     first = r_lo // PAGE
-    # score = max over the group's heads of q+ . hi + q- . lo (= sum_d max(q * lo, q * hi)): two small products
+    # score = max over the group's heads of q . lo + q . hi (twice q . the centre of the key bounds): two products
     r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * stride_qb + (hk * GROUP + r)[:, None] * stride_qh + offs_d[None, :],
                 mask=(r < GROUP)[:, None], other=0.0).to(Bounds.dtype.element_ty)  # q: [BLOCK_M, D]
-    q_pos = tl.maximum(q, 0.0).to(Bounds.dtype.element_ty)
-    q_neg = tl.minimum(q, 0.0).to(Bounds.dtype.element_ty)
     b_base = b * stride_bb + hk * stride_bh
     keys = tl.zeros([P_POW2 // BLOCK_P, BLOCK_P], tl.int64)
     blocks = tl.arange(0, P_POW2 // BLOCK_P)
@@ -99,9 +97,9 @@ def _budget_select_kernel(
         lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)  # lo, hi: [BLOCK_P, D]
         hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
         if Bounds.dtype.element_ty == tl.float32:
-            s = tl.dot(q_pos, tl.trans(hi), input_precision="ieee") + tl.dot(q_neg, tl.trans(lo), input_precision="ieee")
+            s = tl.dot(q, tl.trans(lo), input_precision="ieee") + tl.dot(q, tl.trans(hi), input_precision="ieee")
         else:
-            s = tl.dot(q_pos, tl.trans(hi)) + tl.dot(q_neg, tl.trans(lo))  # s: [BLOCK_M, BLOCK_P] fp32
+            s = tl.dot(q, tl.trans(lo)) + tl.dot(q, tl.trans(hi))  # s: [BLOCK_M, BLOCK_P] fp32
         s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
         s = tl.where(cand, s, float("-inf"))
         bits = s.to(tl.int32, bitcast=True)
@@ -280,17 +278,15 @@ def _budget_score_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * stride_qb + (hk * GROUP + r)[:, None] * stride_qh + offs_d[None, :],
                 mask=(r < GROUP)[:, None], other=0.0).to(Bounds.dtype.element_ty)
-    q_pos = tl.maximum(q, 0.0).to(Bounds.dtype.element_ty)
-    q_neg = tl.minimum(q, 0.0).to(Bounds.dtype.element_ty)
     page = i * BLOCK_P + tl.arange(0, BLOCK_P)
     cand = ((page - first + n_pages) % n_pages < n_cand) & (page < n_pages)
     b_off = b * stride_bb + hk * stride_bh + page.to(tl.int64)[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
     lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)
     hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
     if Bounds.dtype.element_ty == tl.float32:
-        s = tl.dot(q_pos, tl.trans(hi), input_precision="ieee") + tl.dot(q_neg, tl.trans(lo), input_precision="ieee")
+        s = tl.dot(q, tl.trans(lo), input_precision="ieee") + tl.dot(q, tl.trans(hi), input_precision="ieee")
     else:
-        s = tl.dot(q_pos, tl.trans(hi)) + tl.dot(q_neg, tl.trans(lo))
+        s = tl.dot(q, tl.trans(lo)) + tl.dot(q, tl.trans(hi))
     s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
     bits = s.to(tl.int32, bitcast=True)
     key = tl.where(cand, bits ^ ((bits >> 31) & 0x7FFFFFFF), NO_KEY)  # float order as signed int order
