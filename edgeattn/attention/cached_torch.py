@@ -103,8 +103,8 @@ def _eager(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks,
 
 def _page_group(q, scale, past_key, past_value, pos, key_bounds, pages, w, sinks, softcap):
     """The budget's pages, as the ONNX body reads them (cached_function._page_group): per query and KV head the
-    k best candidate pages by q . the centre of their key bounds, their rows gathered. -> scores [B, H_kv, G, S, R] (-inf where not
-    read), values [B, H_kv, S, R, D]; R = min(k, P) * page."""
+    k best candidate pages by q . the centre of their key bounds, their rows gathered. -> scores [B, H_kv, G, S, R]
+    (-inf where not read), values [B, H_kv, S, R, D]; R = min(k, P) * page."""
     b, h, s, d = q.shape
     h_kv, c, npages = past_key.shape[1], past_key.shape[2], key_bounds.shape[2]
     g, wmax, dev = h // h_kv, c - sinks, q.device
@@ -118,7 +118,8 @@ def _page_group(q, scale, past_key, past_value, pos, key_bounds, pages, w, sinks
     cand = (cand & (span > 0))[:, None]  # [B, 1, S, P]
     qr = q.float().reshape(b, h_kv, g * s, d)
     lo_b, hi_b = key_bounds[:, :, :, 0].float(), key_bounds[:, :, :, 1].float()  # [B, H_kv, P, D]
-    bound = qr @ ((lo_b + hi_b) * 0.5).transpose(-1, -2)  # q . the centre of each page's key bounds
+    centre = (lo_b + hi_b).to(key_bounds.dtype).float() * 0.5  # rounded once to the bounds' dtype, as the kernels
+    bound = qr @ centre.transpose(-1, -2)  # q . the centre of each page's key bounds
     bound = bound.reshape(b, h_kv, g, s, npages).amax(dim=2).masked_fill(~cand, float("-inf"))  # [B, H_kv, S, P]
     best, chosen = torch.sort(bound, dim=-1, descending=True, stable=True)  # ties: the lower page first
     best, chosen = best[..., :kk], chosen[..., :kk]  # [B, H_kv, S, k']

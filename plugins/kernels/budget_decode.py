@@ -61,6 +61,18 @@ def _top_keys(key, P_POW2: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.const
 
 
 @triton.jit
+def _centre_scores(q, lo, hi, IEEE: tl.constexpr):
+    """q [BLOCK_M, D] . (lo + hi) [BLOCK_P, D] -> [BLOCK_M, BLOCK_P] fp32: twice each page's score against the centre
+    of its key bounds, in one product. lo + hi is summed in fp32 and rounded once to the bounds' dtype, as the
+    reference op does (cached_torch); two products (q . lo + q . hi) slowed the attention launch that follows by
+    ~7% at batch 64 on the H200."""
+    both = (lo.to(tl.float32) + hi.to(tl.float32)).to(lo.dtype)
+    if IEEE:
+        return tl.dot(q, tl.trans(both), input_precision="ieee")
+    return tl.dot(q, tl.trans(both))
+
+
+@triton.jit
 def _budget_select_kernel(
     Q, Bounds, Pos, Window, Pages, Sel,
     stride_qb, stride_qh, stride_bb, stride_bh,
@@ -82,7 +94,7 @@ def _budget_select_kernel(
     r_lo = (tl.maximum(lo_p - sinks, 0)) % wmax
     n_cand = tl.where(span > 0, tl.minimum(n_pages, (r_lo % PAGE + span - 1) // PAGE + 1), 0)
     first = r_lo // PAGE
-    # score = max over the group's heads of q . lo + q . hi (twice q . the centre of the key bounds): two products
+    # score = max over the group's heads of q . (lo + hi) (twice q . the centre of the key bounds)
     r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * stride_qb + (hk * GROUP + r)[:, None] * stride_qh + offs_d[None, :],
@@ -96,10 +108,7 @@ def _budget_select_kernel(
         b_off = b_base + page.to(tl.int64)[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
         lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)  # lo, hi: [BLOCK_P, D]
         hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
-        if Bounds.dtype.element_ty == tl.float32:
-            s = tl.dot(q, tl.trans(lo), input_precision="ieee") + tl.dot(q, tl.trans(hi), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(lo)) + tl.dot(q, tl.trans(hi))  # s: [BLOCK_M, BLOCK_P] fp32
+        s = _centre_scores(q, lo, hi, Bounds.dtype.element_ty == tl.float32)  # s: [BLOCK_M, BLOCK_P] fp32
         s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
         s = tl.where(cand, s, float("-inf"))
         bits = s.to(tl.int32, bitcast=True)
@@ -283,10 +292,7 @@ def _budget_score_kernel(
     b_off = b * stride_bb + hk * stride_bh + page.to(tl.int64)[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
     lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)
     hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
-    if Bounds.dtype.element_ty == tl.float32:
-        s = tl.dot(q, tl.trans(lo), input_precision="ieee") + tl.dot(q, tl.trans(hi), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(lo)) + tl.dot(q, tl.trans(hi))
+    s = _centre_scores(q, lo, hi, Bounds.dtype.element_ty == tl.float32)
     s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
     bits = s.to(tl.int32, bitcast=True)
     key = tl.where(cand, bits ^ ((bits >> 31) & 0x7FFFFFFF), NO_KEY)  # float order as signed int order
