@@ -79,6 +79,16 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         out = torch.nn.functional.scaled_dot_product_attention(query, kx, vx, is_causal=True, scale=scaling)
         return out.transpose(1, 2).contiguous(), None
     scores = (query @ kx.transpose(-1, -2)) * scaling  # [1, H, 1, T]
+    t = key.shape[2] - 1  # the query's position
+    if _MODE.get("sink_rule") == "frozen" and _MODE["rule"] != "full" and t > SINKS + _MODE["window"]:
+        # edgeattn's sink rule: the sinks scored with q rotated at min(t, sinks + W), W the recent window
+        theta = getattr(module.config, "rope_theta", None) or module.config.rope_parameters["rope_theta"]
+        inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        ang = (SINKS + _MODE["window"] - t) * inv
+        cos, sin = torch.cat([ang.cos(), ang.cos()]).float(), torch.cat([ang.sin(), ang.sin()]).float()
+        half = torch.cat([-query[..., d // 2:], query[..., :d // 2]], -1)
+        q_sink = query * cos + half * sin
+        scores[..., :SINKS] = (q_sink @ kx[:, :, :SINKS].transpose(-1, -2)) * scaling
     mask = read_mask(query[0, :, 0], key[0], _MODE)
     if mask is not None:
         scores = scores.masked_fill(~mask[None, :, None, :], float("-inf"))
@@ -99,6 +109,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--budget", type=int, help="rows in all (default: context / 8)")
     ap.add_argument("--rules", default=",".join(RULES))
+    ap.add_argument("--sinks", choices=("true", "frozen"), default="true",
+                    help="sink distances under a window or budget: true, or edgeattn's (frozen at sinks + W)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -107,7 +119,7 @@ def main() -> None:
     free = budget - SINKS
     window = min(max(PAGE, PAGE * math.floor(0.25 * free / PAGE + 0.5)), PAGE * (free // PAGE))
     pages = (free - window) // PAGE
-    modes = [{"rule": r, "window": budget - SINKS if r == "window" else window,
+    modes = [{"rule": r, "sink_rule": args.sinks, "window": budget - SINKS if r == "window" else window,
               "pages": 0 if r in ("full", "window") else pages} for r in args.rules.split(",")]
     transformers.AttentionInterface.register("page_choice", attention)
     path = resolve("smollm2")
@@ -142,8 +154,10 @@ def main() -> None:
     accuracy = {m["rule"]: sum(r["correct"][m["rule"]] for r in rows) / len(rows) for m in modes}
     print(f"{args.task} at {args.context} tokens, budget {budget} (window {window} + {pages} pages "
           f"for the page rules), {len(rows)} samples: " + ", ".join(f"{k} {v:.2f}" for k, v in accuracy.items()))
-    out_path = args.out or Path(__file__).parent / "results" / f"page_choice_{args.task}_{args.context}.json"
+    tail = "" if args.sinks == "true" else "_frozen_sinks"
+    out_path = args.out or Path(__file__).parent / "results" / f"page_choice_{args.task}_{args.context}{tail}.json"
     out_path.write_text(json.dumps({"task": args.task, "context": args.context, "budget": budget, "window": window,
+                                    "sinks": args.sinks,
                                     "modes": modes, "accuracy": accuracy, "threads": args.threads,
                                     "samples": rows}, indent=1))
     print(f"wrote {out_path}")

@@ -32,7 +32,7 @@ def paged_bundle(tmp_path_factory):
     return model, bundle.path
 
 
-def _reference_steps(model, ids, window, pages, dense_layers=0):
+def _reference_steps(model, ids, window, pages, dense_layers=0, chunks=CHUNKS):
     """Logits chunk by chunk from the PyTorch model (the op's eager form), its bounds recomputed from the rows."""
     import torch
 
@@ -44,7 +44,7 @@ def _reference_steps(model, ids, window, pages, dense_layers=0):
     layers = len(ref.layers)
     past = [torch.zeros(1, ref.kv_heads, SINKS + WINDOW_MAX, ref.head_dim) for _ in range(2 * layers)]
     n, outs = 0, []
-    for s in CHUNKS:
+    for s in chunks:
         pos = torch.tensor([n])
         bounds = [torch.from_numpy(page_bounds_np(past[2 * i].numpy(), pos.numpy(), SINKS, PAGE)) for i in range(layers)]
         with torch.no_grad():
@@ -127,6 +127,21 @@ def test_dense_layers_read_the_whole_ring_under_pages_and_change_nothing_for_a_w
     last = slice(-3, None)  # past the ring's first wrap
     assert min(np.abs(a - b).max() for a, b in zip(one_dense[last], budget[last])) > 1e-3
     assert min(np.abs(a - b).max() for a, b in zip(one_dense[last], full[last])) > 1e-3
+
+
+def test_a_budget_of_every_page_is_full_attention_sinks_included():
+    """Token by token from t = 0 to sinks + W_max (the ring full, not yet wrapped), a budget whose pages cover the
+    ring reads every row, and its sinks sit at their whole-ring distance (min(t, sinks + W_max)), not the window's
+    (sinks + W): it equals window 0 (with the sinks at sinks + W it would differ from t = sinks + W on)."""
+    model, _ = tiny_llama()
+    steps = [1] * (SINKS + WINDOW_MAX)
+    ids = np.random.default_rng(2).integers(0, 1000, len(steps))
+    full, _ = _reference_steps(model, ids, 0, 0, chunks=steps)
+    budget, _ = _reference_steps(model, ids, 8, WINDOW_MAX // PAGE, chunks=steps)
+    window, _ = _reference_steps(model, ids, 8, 0, chunks=steps)
+    for a, b in zip(budget, full):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert np.abs(window[-1] - full[-1]).max() > 1e-3  # the window alone does differ
 
 
 def test_dense_layers_need_pages():

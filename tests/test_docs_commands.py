@@ -230,6 +230,21 @@ CASES: dict[tuple[str, str], Case] = {
                            "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
                            "--window-max 4096 --threads 2 --out "
                            "benchmarks/results/eval_prompt_whole_dense2_smollm2_raw_4k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice.py --task multikey --context 4096 --samples 10 "
+                           "--budget 512"): skip(BENCH),
+    ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice.py --task multikey --context 4096 --samples 10 "
+                           "--budget 512 --rules window,bound,centre --sinks frozen"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks passkey,multikey --contexts 2048 "
+                           "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
+                           "--window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_centre_prompt_whole_smollm2_raw_2k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks passkey,multikey --contexts 4096 "
+                           "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
+                           "--window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_centre_prompt_whole_smollm2_raw_4k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks vartrack --contexts 2048 --divisors 8 "
+                           "--samples 10 --prompt-form raw --window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_vartrack_smollm2_raw_2k_cpu.json"): skip(BENCH),
     # kernels
     ("docs/kernels.md", "python benchmarks/attention_h200.py --out results.json"): skip(GPU),
     ("docs/kernels.md", "python benchmarks/attention_h200.py --sweep --out results.json"): skip(GPU),

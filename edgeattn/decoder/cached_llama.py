@@ -15,7 +15,8 @@ N layers read the whole ring whenever k > 0; a window alone (k = 0) reads the sa
 
 `presents` are the chunk's keys (rotated at their true positions) and values, [B, H_kv, S, D] per layer:
 the caller writes them into its ring (`cached_torch.write_ring_`, or the runtime's numpy writer). Queries are
-rotated twice: at t for the window rows and at min(t, sinks + W) for the sink rows (edgeattn.attention.ring).
+rotated twice: at t for the window rows and at min(t, sinks + W) for the sink rows (edgeattn.attention.ring);
+with k > 0 at min(t, sinks + W_max), the span the pages reach.
 
 Family differences (edgeattn.decoder.families) are read off the modules: a fused `qkv_proj` (Phi-3), q/k
 norms (Qwen 3, Gemma 3), norms after attention and around the MLP (Gemma 2 / 3), partial rotary (the
@@ -113,22 +114,19 @@ class CachedDecoder(torch.nn.Module):
         wmax = past[0].shape[2] - self.sinks
         w = window.reshape(()).to(torch.int64)
         w = torch.where((w <= 0) | (w > wmax), torch.full_like(w, wmax), w)
-        sink_positions = torch.minimum(positions, self.sinks + w)
+        reads = None if pages is None else pages.reshape(()) > 0  # the budget reads pages: the whole ring's span
+        sink_w = w if reads is None else torch.where(reads, torch.full_like(w, wmax), w)
+        sink_positions = torch.minimum(positions, self.sinks + sink_w)  # min(t, sinks + W), W_max under pages
         h = m.embed_tokens(input_ids)  # Gemma's embedding module applies its sqrt(hidden) scale itself
         tables = {t: (self._rotary(h, positions, t), self._rotary(h, sink_positions, t)) for t in set(self.layer_types)}
         capped = {t: torch.minimum(w, torch.full_like(w, t)) for t in set(self.windows) if t}  # min(W, trained)
-        if self.dense_layers:  # with k > 0: window 0 (the whole ring) and no pages; the sinks rotated for it
-            reads = pages.reshape(()) > 0
+        if self.dense_layers:  # with k > 0: window 0 (the whole ring) and no pages; the sinks as under pages
             dense_window = torch.where(reads, torch.zeros_like(w), window.reshape(()).to(torch.int64))
-            dense_sinks = torch.minimum(positions, self.sinks + torch.where(reads, torch.full_like(w, wmax), w))
-            dense_tables = {t: self._rotary(h, dense_sinks, t) for t in set(self.layer_types)}
         presents = []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             (cos, sin), (cos_s, sin_s) = tables[self.layer_types[i]]
             dense = i < self.dense_layers
-            if dense:
-                cos_s, sin_s = dense_tables[self.layer_types[i]]
             q, k, v = self._qkv(attn, layer.input_layernorm(h), b, s)
             if hasattr(attn, "q_norm"):  # Qwen3 / Gemma 3: per-head norms before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)

@@ -43,7 +43,7 @@ def budget_logits(w: PackedDecoder, ids, positions, window, pages, keys, values,
     import edgeattn.plugins.kernels.ring_ops  # noqa: F401  (registers the ops)
 
     F, s, t = torch.nn.functional, w.shape, w.t
-    wl = torch.where((window <= 0) | (window > s.window_max), s.window_max, window)
+    wl = torch.where((window <= 0) | (window > s.window_max) | (pages > 0), s.window_max, window)  # the sinks' span
     cos, sin = _angles(torch, w.inv_freq, positions, w.rope_scaling, w.dtype)
     cos_s, sin_s = _angles(torch, w.inv_freq, torch.minimum(positions, s.sinks + wl), w.rope_scaling, w.dtype)
     h = F.embedding(ids, t["embed"])  # h: [B, hidden]
@@ -218,7 +218,7 @@ def prefill_logits(w: PackedDecoder, ids, start: int, window: int, pages: int, k
 
     F, s, t = torch.nn.functional, w.shape, w.t
     n, dev = ids.shape[0], ids.device
-    live = s.window_max if window <= 0 or window > s.window_max else int(window)
+    live = s.window_max if window <= 0 or window > s.window_max or pages > 0 else int(window)  # the sinks' span
     positions = torch.arange(start, start + n, device=dev)
     cos, sin = _angles(torch, w.inv_freq, positions, w.rope_scaling, w.dtype)
     cos_s, sin_s = _angles(torch, w.inv_freq, torch.clamp(positions, max=s.sinks + live), w.rope_scaling, w.dtype)
