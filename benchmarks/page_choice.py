@@ -11,7 +11,9 @@ those rows. Positions are in order (the context is below the ring), so page j ho
 Rules: `full` (every row), `window` (sinks + the last budget - sinks rows), `bound` (Quest's upper bound,
 sum_d max(q_d min_d, q_d max_d)), `centre` (q . (min + max) / 2: what edgeattn ships), `mean` (q . the mean key of
 the page), `exact` (the page's largest true score q . k: the best a ranking by one score per page can do).
-Writes benchmarks/results/page_choice_{task}_{context}.json with every sample's answer.
+The sinks are scored at their true distance (what the op does under pages: min(t, sinks + W_max) with the
+context below the ring); `--sinks frozen` scores them at sinks + W as a window does. Writes
+benchmarks/results/page_choice_{task}_{context}[_frozen_sinks].json with every sample's answer.
 """
 
 from __future__ import annotations

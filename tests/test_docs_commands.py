@@ -237,11 +237,11 @@ CASES: dict[tuple[str, str], Case] = {
     ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks passkey,multikey --contexts 2048 "
                            "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
                            "--window-max 4096 --threads 2 --out "
-                           "benchmarks/results/eval_centre_prompt_whole_smollm2_raw_2k_cpu.json"): skip(BENCH),
+                           "benchmarks/results/eval_centre_ring_sinks_prompt_whole_smollm2_raw_2k_cpu.json"): skip(BENCH),
     ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks passkey,multikey --contexts 4096 "
                            "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
                            "--window-max 4096 --threads 2 --out "
-                           "benchmarks/results/eval_centre_prompt_whole_smollm2_raw_4k_cpu.json"): skip(BENCH),
+                           "benchmarks/results/eval_centre_ring_sinks_prompt_whole_smollm2_raw_4k_cpu.json"): skip(BENCH),
     ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks vartrack --contexts 2048 --divisors 8 "
                            "--samples 10 --prompt-form raw --window-max 4096 --threads 2 --out "
                            "benchmarks/results/eval_vartrack_smollm2_raw_2k_cpu.json"): skip(BENCH),
