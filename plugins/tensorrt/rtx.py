@@ -6,8 +6,10 @@ for output types, shapes and formats. The plugin classes subclass the bindings o
 passed in (`tensorrt_rtx` or `tensorrt`), so one definition serves both.
 
 Run time (NOT run on this project's machines: TensorRT for RTX engines refuse the lent H200, sm_90):
-`enqueue` wraps the device buffers as torch tensors and calls `torch.ops.edgeattn.windowed_attention`
-(the Triton kernels of edgeattn.plugins), which needs Python and torch in the serving process.
+`enqueue` wraps the device buffers as torch tensors and calls `torch.ops.edgeattn.windowed_attention`, or for
+the cached form `run_cached` (the Triton kernels of edgeattn.plugins; with the attention budget's inputs, the
+budget's kernels), which needs Python and torch in the serving process. `run_cached` itself is tested on CPU
+tensors here and on CUDA tensors on an H200 (tests/test_rtx_budget.py).
 Engines that must run without Python use the ahead-of-time `tensorrt.plugin` form instead.
 
 Loading note: TensorRT for RTX resolves Python plugins through an unversioned `libtensorrt_rtx.so`,
@@ -41,9 +43,10 @@ def _plain_formats(trt, pos, in_out, num_inputs) -> bool:
 
 
 def _cached_formats(trt, pos, in_out, num_inputs) -> bool:
-    """q, q_sink, k, v, past_key, past_value, out: one float type; cache_position, window: int64."""
+    """q, q_sink, k, v, past_key, past_value, out: one float type; cache_position, window: int64. The attention
+    budget's form (10 inputs) adds pages (int64) and key_bounds (the float type)."""
     desc = in_out[pos].desc
-    if pos in (6, 7):
+    if pos in (6, 7) or (pos == 8 and num_inputs == 10):
         return desc.type == trt.int64
     return desc.type in (trt.float32, trt.float16, trt.bfloat16) and desc.type == in_out[0].desc.type
 
@@ -183,23 +186,49 @@ def _enqueue_torch(plugin, input_desc, output_desc, inputs, outputs, stream) -> 
 
 
 def _enqueue_cached(plugin, input_desc, output_desc, inputs, outputs, stream) -> None:
-    """The cached form: the chunk's keys and values are written into the cache buffers in place (the runtime
-    binds its persistent cache there), then attention reads sinks + window rows (not run here: no RTX GPU)."""
+    """The cached form on TensorRT's buffers (not run here: no RTX GPU): run_cached on device views of them."""
     import torch
 
-    from edgeattn.attention.cached_torch import cached_windowed_attention, write_ring_
-
-    q, q_sink, k, v, past_k, past_v, pos, window = (device_view(ptr, tuple(d.dims), str(d.type))
-                                                    for d, ptr in zip(input_desc, inputs))
+    views = [device_view(ptr, tuple(d.dims), str(d.type)) for d, ptr in zip(input_desc, inputs)]
     out = device_view(outputs[0], tuple(output_desc[0].dims), str(output_desc[0].type))
     with torch.cuda.stream(torch.cuda.ExternalStream(int(stream))):
-        if q.shape[2] == 1:
-            from edgeattn.plugins.kernels.cached_decode import cached_decode
+        out.copy_(run_cached(*views, sinks=plugin.sinks, scale=plugin.scale))
 
-            write_ring_(past_k, past_v, k, v, pos, plugin.sinks)
-            result = cached_decode(q, q_sink, past_k, past_v, pos, window, sinks=plugin.sinks, scale=plugin.scale)
-        else:
-            result = cached_windowed_attention(q, q_sink, k, v, past_k, past_v, pos, window, sinks=plugin.sinks,
-                                               scale=plugin.scale)
-            write_ring_(past_k, past_v, k, v, pos, plugin.sinks)
-        out.copy_(result)
+
+def run_cached(q, q_sink, k, v, past_key, past_value, cache_position, window, pages=None, key_bounds=None, *,
+               sinks: int, scale: float = 0.0):
+    """What the cached plugin does with its inputs (torch tensors, any device): the chunk's keys and values
+    written into the cache buffers in place (the runtime binds its persistent cache there), with the pages' key
+    bounds when the budget's inputs are given, and the attention over the cache as it was before the chunk:
+    sinks + window rows, and the k best pages of the rest (k = `pages`, read on the device and masked past it:
+    the kernels are built for every page of the ring, so no k is fixed in the engine) -> [B, H, S, D].
+    One new token a stream on CUDA runs the Triton kernels (with the budget, one launch reads and writes rows
+    and bounds); prefill chunks, and every step on the CPU, run the PyTorch form."""
+    from edgeattn.attention.cached_torch import cached_windowed_attention, write_ring_
+
+    budget = pages is not None
+    cuda, decode = q.is_cuda, q.shape[2] == 1
+    if budget:
+        page = (past_key.shape[2] - sinks) // key_bounds.shape[2]
+        if cuda and decode:
+            from edgeattn.plugins.kernels.budget_decode import budget_decode
+
+            return budget_decode(q[:, :, 0], q_sink[:, :, 0], k[:, :, 0], v[:, :, 0], past_key, past_value, key_bounds,
+                                 cache_position, window.reshape(()), pages.reshape(()), sinks=sinks, page=page,
+                                 k_max=key_bounds.shape[2], scale=scale, write=True)[:, :, None]
+        from edgeattn.plugins.kernels.ring_ops import refresh_bounds_reference
+
+        out = cached_windowed_attention(q, q_sink, k, v, past_key, past_value, cache_position, window, pages,
+                                        key_bounds, sinks=sinks, scale=scale)
+        write_ring_(past_key, past_value, k, v, cache_position, sinks)
+        refresh_bounds_reference(past_key, key_bounds, cache_position, k.shape[2], sinks=sinks, page=page)
+        return out
+    if cuda and decode:
+        from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+        write_ring_(past_key, past_value, k, v, cache_position, sinks)
+        return cached_decode(q, q_sink, past_key, past_value, cache_position, window, sinks=sinks, scale=scale)
+    out = cached_windowed_attention(q, q_sink, k, v, past_key, past_value, cache_position, window, sinks=sinks,
+                                    scale=scale)
+    write_ring_(past_key, past_value, k, v, cache_position, sinks)
+    return out

@@ -21,12 +21,19 @@ def attention_nodes(graph: ir.Graph) -> list[ir.Node]:
 
 
 def _cached_misfit(node: ir.Node) -> str | None:
-    if len(node.inputs) != 8:
-        return (f"expected 8 inputs (q, q_sink, k, v, past_key, past_value, cache_position, window), "
-                f"found {len(node.inputs)}")
-    for value in node.inputs[6:]:
+    if len(node.inputs) not in (8, 10):
+        return (f"expected 8 inputs (q, q_sink, k, v, past_key, past_value, cache_position, window), or 10 with "
+                f"the attention budget's (pages, key_bounds), found {len(node.inputs)}")
+    for value in node.inputs[6:9]:
         if value is not None and value.dtype is not None and value.dtype != ir.DataType.INT64:
-            return f"{value.name} is {value.dtype.name}: the plugin takes int64 positions and window"
+            return f"{value.name} is {value.dtype.name}: the plugin takes int64 positions, window and pages"
+    if len(node.inputs) == 10:
+        bounds, cache = node.inputs[9], node.inputs[4]
+        if bounds is not None and bounds.shape is not None and len(bounds.shape) != 5:
+            return f"key_bounds has rank {len(bounds.shape)}: the plugin takes [B, H_kv, P, 2, D]"
+        if None not in (bounds, cache) and None not in (bounds.dtype, cache.dtype) and bounds.dtype != cache.dtype:
+            return (f"key_bounds is {bounds.dtype.name} and the cache {cache.dtype.name}: the plugin takes bounds of "
+                    f"the cache's type")
     if node.attributes.get_float("softcap", 0.0):
         return "its scores are soft-capped (softcap), which the plugin does not do"
     return None
