@@ -85,7 +85,8 @@ def test_the_plugins_step_on_cuda_matches_its_cpu_form(pages, window):
     page's bounds): outputs, cache and bounds equal the CPU form's over the same steps."""
     cpu = _run("cpu", pages, window, STEPS)
     gpu = _run("cuda", pages, window, STEPS)
-    assert max(gpu[1]) < 1e-3, gpu[1]  # against the oracle (tf32-free float32 kernels)
+    assert max(gpu[1]) < 1e-2, gpu[1]  # against the oracle (the kernels' products may round as tf32; another
+    # page chosen moves an output by more: test_the_pages_change_what_the_plugin_reads)
     for a, b in zip(cpu[2:], gpu[2:]):
         assert torch.equal(a, b)
 
