@@ -250,6 +250,14 @@ CASES: dict[tuple[str, str], Case] = {
                            "--settings full,budget --divisors 8 --samples 5 --prompt-form raw --prompt-attention whole "
                            "--window-max 8192 --threads 2 --out "
                            "benchmarks/results/eval_centre_ring_sinks_prompt_whole_smollm2_raw_8k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-dense2.edgeattn --tasks multikey --contexts 4096 "
+                           "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
+                           "--window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_centre_dense2_prompt_whole_smollm2_raw_4k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks multikey --contexts 4096 "
+                           "--settings budget --divisors 8 --samples 10 --budget-recent 0.125 --prompt-form raw "
+                           "--prompt-attention whole --window-max 4096 --threads 2 --out "
+                           "benchmarks/results/eval_centre_recent0125_prompt_whole_smollm2_raw_4k_cpu.json"): skip(BENCH),
     ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks vartrack --contexts 2048 --divisors 8 "
                            "--samples 10 --prompt-form raw --window-max 4096 --threads 2 --out "
                            "benchmarks/results/eval_vartrack_smollm2_raw_2k_cpu.json"): skip(BENCH),
