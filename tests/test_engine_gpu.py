@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from onnx_fixtures import has
@@ -29,6 +30,56 @@ def _cuda_model():
     with torch.no_grad():  # larger logits, so greedy choices are not near-ties
         model.lm_head.weight.mul_(8.0)
     return model.to("cuda")
+
+
+@pytest.mark.parametrize("window", [0, 8])
+def test_fp32_ring_decode_kernel_multiplies_in_fp32(window):
+    """The Triton ring decode on fp32 operands against the op in float64: within 1e-5. Tensor-core products
+    round fp32 to tf32 (errors ~1e-3 here), enough to flip a greedy token between a batched step (the kernel) and
+    a stream's step alone (PyTorch's fp32 products), which made the scheduler test below fail now and then."""
+    import torch
+
+    from edgeattn.attention.cached_torch import cached_windowed_attention, write_ring_
+    from edgeattn.plugins.kernels.cached_decode import cached_decode
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(1)
+    b, h, h_kv, d, c, sinks = 3, 4, 2, 64, 40, 4
+    q, qs = torch.randn(b, h, 1, d, dtype=torch.float64), torch.randn(b, h, 1, d, dtype=torch.float64)
+    k, v = torch.randn(b, h_kv, 1, d, dtype=torch.float64), torch.randn(b, h_kv, 1, d, dtype=torch.float64)
+    kc, vc = torch.randn(b, h_kv, c, d, dtype=torch.float64), torch.randn(b, h_kv, c, d, dtype=torch.float64)
+    pos, w = torch.tensor([5, 30, 70]), torch.tensor(window)  # 70: past the ring's 36 rows, wrapped
+    want = cached_windowed_attention(q, qs, k, v, kc, vc, pos, w, sinks=sinks)
+    kg, vg = kc.float().cuda(), vc.float().cuda()
+    write_ring_(kg, vg, k.float().cuda(), v.float().cuda(), pos.cuda(), sinks)
+    got = cached_decode(q.float().cuda(), qs.float().cuda(), kg, vg, pos.cuda(), w.cuda(), sinks=sinks)
+    err = float((got.double().cpu() - want).abs().max())
+    assert err < 1e-5, err
+
+
+def test_decode_graphs_belong_to_their_cache():
+    """Caches made and dropped one after another (as the generator does, one per request) each get their own
+    captured steps: a new cache that takes a dropped one's id must not replay a graph over the dropped buffers.
+    Every step equals the eager one's logits, and the graphs go with their cache."""
+    import gc
+
+    from edgeattn.runtime.generation.torch_decoder import TorchDecoderModel
+
+    model = _cuda_model()
+    graphs = TorchDecoderModel(model, None, sinks=4, window_max=32, eos_token_ids=(0,))
+    eager = TorchDecoderModel(model, None, sinks=4, window_max=32, eos_token_ids=(0,), cuda_graphs=False)
+    ids = [[[10 + 3 * i + j for j in range(6)]] for i in range(8)]
+    for i in range(8):
+        cache, ref = graphs.new_cache(1 + i % 3), eager.new_cache(1 + i % 3)
+        a, b = graphs.step(cache, [0], ids[i], 0), eager.step(ref, [0], ids[i], 0)
+        for _ in range(4):  # one token a step: captured, then replayed
+            tok = [[int(a[0, -1].argmax())]]
+            a, b = graphs.step(cache, [0], tok, 0), eager.step(ref, [0], tok, 0)
+            assert np.allclose(a, b, atol=1e-4), i
+        del cache, ref
+        gc.collect()
+    assert len(graphs._graphs) == 0
 
 
 @pytest.mark.parametrize("window", [0, 8])

@@ -20,6 +20,28 @@ NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
+def mma(a, b, acc):
+    """acc + a @ b. fp32 operands multiply in fp32 (input_precision "ieee"), as PyTorch's matmuls do by default;
+    tensor cores would round them to tf32 (~1e-3), enough to flip a greedy choice between a batched decode step and
+    the same stream's step alone. bf16, fp16 and fp8 operands take the tensor cores as before."""
+    if a.dtype == tl.float32:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def dot(a, b):
+    """a @ b in fp32, with mma's rule for fp32 operands."""
+    if a.dtype == tl.float32:
+        r = tl.dot(a, b, input_precision="ieee")
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@triton.jit
 def effective_window(Window, S_k):
     """The window tensor's value; 0, negative or >= S_k mean full attention (returned as S_k)."""
     w = tl.load(Window).to(tl.int32)
@@ -131,7 +153,7 @@ def softmax_update(acc, l_i, m_i, qk, qk_scale, V, v_base, start_n, offs_n, offs
     l_i = l_i * alpha + tl.sum(p_ij, 1)
     v = load_block(V, v_base, start_n, offs_n, offs_d, stride_vn, S_k, MASKED, USE_TMA)  # v: [BLOCK_N, D]
     acc = acc * alpha[:, None]
-    acc = tl.dot(p_ij.to(v.dtype), v, acc)
+    acc = mma(p_ij.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
 
@@ -146,12 +168,12 @@ def decode_step(acc, l_i, m_i, q, k, v, live, qk_scale):
     """One online-softmax step of a decode tile: q [BLOCK_M, D] against a block's keys and values k, v
     [BLOCK_N, D] (keys where `live` is False count for nothing); qk_scale carries log2(e), so the scores are in
     the log2 domain. Returns the updated acc [BLOCK_M, D] fp32, l_i and m_i [BLOCK_M]."""
-    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    qk = dot(q, tl.trans(k)) * qk_scale
     qk = tl.where(live[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(qk - m_new[:, None])
-    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v), l_i * alpha + tl.sum(p, 1), m_new
+    return mma(p.to(v.dtype), v, acc * alpha[:, None]), l_i * alpha + tl.sum(p, 1), m_new
 
 
 @triton.jit
@@ -166,7 +188,7 @@ def attend_blocks(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, strid
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # absolute key positions
         k = load_block(K, k_base, start_n, offs_n, offs_d, stride_kn, S_k, MASKED, USE_TMA)  # k: [BLOCK_N, D]
-        qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
+        qk = dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
         qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
         acc, l_i, m_i = softmax_update(acc, l_i, m_i, qk, qk_scale, V, v_base, start_n, offs_n, offs_d, stride_vn,
                                        S_k, MASKED, USE_TMA)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import (NEG_BIG, attend_blocks, key_allowed, key_blocks, load_block, query_tile,
+from edgeattn.plugins.kernels.common import (NEG_BIG, attend_blocks, dot, key_allowed, key_blocks, load_block, query_tile,
                                              softmax_update)
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.tuning import prefill_tile
@@ -34,7 +34,7 @@ def _attend_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, st
         start = tl.where(t < n_sink, t * BLOCK_N, start_n + (t - n_sink) * BLOCK_N)
         offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
         k = load_block(K, k_base, start, offs_n, offs_d, stride_kn, S_k, True, USE_TMA)  # k: [BLOCK_N, D]
-        qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
+        qk = dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
         if HAS_PAD:
             real = tl.load(Mask + mask_base + offs_n, mask=offs_n < S_k, other=0)
             ok = key_allowed(pos, offs_n, window, sinks, S_k, CAUSAL) & (real != 0)[None, :]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import (NEG_BIG, key_allowed, key_blocks, load_block, mask_scores,
+from edgeattn.plugins.kernels.common import (NEG_BIG, dot, key_allowed, key_blocks, load_block, mask_scores, mma,
                                              query_tile)
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.prefill_persistent import persistent_prefill, persistent_problem
@@ -60,7 +60,7 @@ def _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE: tl.constexpr):
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p_ij, 1)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p_ij.to(v.dtype), v, acc)
+    acc = mma(p_ij.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
 
@@ -74,7 +74,7 @@ def _hopper_step(acc, l_i, m_i, q, K, V, k_base, v_base, b, hk, stride_kn, strid
     offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
     k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
     v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, MASKED, DESC, BLOCK_N, HEAD_DIM)
-    qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32 (FOLD_SCALE: already times scale / ln 2)
+    qk = dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32 (FOLD_SCALE: already times scale / ln 2)
     qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, MASKED, CAUSAL, HAS_PAD)
     return _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE)
 
@@ -92,7 +92,7 @@ def _hopper_sinks(acc, l_i, m_i, q, Kp, Vp, k_base, v_base, Mask, mask_base, str
     v = tl.load(Vp + v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=real[:, None], other=0.0)
     if HAS_PAD:
         real = real & (tl.load(Mask + mask_base + offs_n, mask=real, other=0) != 0)
-    qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, SINK_N] fp32
+    qk = dot(q, tl.trans(k))  # qk: [BLOCK_M, SINK_N] fp32
     qk = tl.where(real[None, :], qk, float("-inf"))
     return _hopper_softmax(acc, l_i, m_i, qk, v, qk_scale, FOLD_SCALE)
 
@@ -146,7 +146,7 @@ def _hopper_one_loop(acc, l_i, m_i, q, K, V, Mask, k_base, v_base, mask_base, b,
         offs_n = start + tl.arange(0, BLOCK_N)  # absolute key positions
         k = _hopper_load(K, k_base, b, hk, start, offs_n, offs_d, stride_kn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
         v = _hopper_load(V, v_base, b, hk, start, offs_n, offs_d, stride_vn, S_k, True, DESC, BLOCK_N, HEAD_DIM)
-        qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32
+        qk = dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32
         if HAS_PAD:
             qk = mask_scores(qk, pos, offs_n, Mask, mask_base, window, sinks, S_k, True, CAUSAL, HAS_PAD)
         elif start < full_lo:  # left edge or a sink block (sink blocks lie left of start_n <= full_lo)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG, effective_window
+from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG, dot, effective_window, mma
 
 
 @triton.jit
@@ -79,7 +79,7 @@ def _windowed_fwd_persistent_kernel(
         q = Q.load([b, h, first, 0]).reshape(BLOCK_M, HEAD_DIM)  # q: [BLOCK_M, D] (rows past S_q: zeros)
         k = K.load([b, hk, start, 0]).reshape(BLOCK_N, HEAD_DIM)  # k, v: [BLOCK_N, D] (past S_k: zeros)
         v = V.load([b, hk, start, 0]).reshape(BLOCK_N, HEAD_DIM)
-        qk = tl.dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
+        qk = dot(q, tl.trans(k))  # qk: [BLOCK_M, BLOCK_N] fp32, unscaled
         pos = (first + S_k - S_q + offs_m)[:, None]  # absolute query positions
         j = (start + tl.arange(0, BLOCK_N))[None, :]
         if EDGE_MASKS:
@@ -95,7 +95,7 @@ def _windowed_fwd_persistent_kernel(
         alpha = tl.where(blk == 0, 0.0, tl.math.exp2(m_prev - m_i))
         l_i = l_i * alpha + tl.sum(p_ij, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p_ij.to(v.dtype), v, acc)
+        acc = mma(p_ij.to(v.dtype), v, acc)
         if blk == nb - 1:  # the tile's last step: the sinks left of each row's window, then the epilogue
             if SINK_N > 0:
                 offs_s = tl.arange(0, SINK_N)
@@ -106,14 +106,14 @@ def _windowed_fwd_persistent_kernel(
                              other=0.0)  # ks, vs: [SINK_N, D]
                 vs = tl.load(Vp + v_base + offs_s[:, None] * stride_vn + offs_d[None, :], mask=real[:, None],
                              other=0.0)
-                qs = tl.dot(q, tl.trans(ks))  # qs: [BLOCK_M, SINK_N]
+                qs = dot(q, tl.trans(ks))  # qs: [BLOCK_M, SINK_N]
                 qs = tl.where(real[None, :] & (offs_s[None, :] <= pos - window), qs, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(qs, 1) * qk_scale)
                 p_s = tl.math.exp2(qs * qk_scale - m_new[:, None])
                 alpha = tl.math.exp2(m_i - m_new)
                 l_i = l_i * alpha + tl.sum(p_s, 1)
                 acc = acc * alpha[:, None]
-                acc = tl.dot(p_s.to(vs.dtype), vs, acc)
+                acc = mma(p_s.to(vs.dtype), vs, acc)
                 m_i = m_new
             rows = first + offs_m
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # rows with no attended key -> zeros

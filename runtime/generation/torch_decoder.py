@@ -10,6 +10,8 @@ unless the split count (sized from the window on the host) changes.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from edgeattn.attention.ring import RingLayout
@@ -56,7 +58,9 @@ class TorchDecoderModel:
             self.codec = TextCodec(tokenizer.backend_tokenizer.to_str(), getattr(tokenizer, "chat_template", None),
                                    {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token") if getattr(tokenizer, k, None)})
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self._graphs: dict = {}
+        # decode graphs per cache, keyed by the cache object, never by its id: a new cache may take a freed one's
+        # id, and a graph replayed over freed buffers reads and writes memory that is no longer that cache's
+        self._graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def activate(self) -> "TorchDecoderModel":
         return self
@@ -146,8 +150,9 @@ class TorchDecoderModel:
         with torch.no_grad():
             if not self.cuda_graphs:
                 return self._decode_forward(cache, ids, pos, window_t, window_keys)
-            key = (id(cache), b, window_keys)
-            if key not in self._graphs:  # first time: run the step for real (Triton compiles), then capture it
+            graphs = self._graphs.setdefault(cache, {})
+            key = (b, window_keys)
+            if key not in graphs:  # first time: run the step for real (Triton compiles), then capture it
                 static = {"ids": ids.clone(), "pos": pos.clone(), "window": window_t.clone()}
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
@@ -158,9 +163,9 @@ class TorchDecoderModel:
                 with torch.cuda.graph(graph):  # records only: nothing runs, the cache is not written again
                     static["out"] = self._decode_forward(cache, static["ids"], static["pos"], static["window"],
                                                          window_keys)
-                self._graphs[key] = (graph, static)
+                graphs[key] = (graph, static)
                 return out
-            graph, static = self._graphs[key]
+            graph, static = graphs[key]
             static["ids"].copy_(ids)
             static["pos"].copy_(pos)
             static["window"].copy_(window_t)
