@@ -5,7 +5,7 @@
 SmolLM2-135M-Instruct (the packaged model) in PyTorch on the CPU, greedy. Each sample's prompt is read once with
 full attention (as `--prompt-attention whole`), then every rule decodes the answer from a copy of that cache: the
 sink rows, a recent window of 25% of the other rows (in whole pages, as AttentionBudget.from_total) and the k pages
-of 16 rows that the rule ranks highest per KV head (the largest over its query heads), exact softmax attention over
+of 16 rows (`--page`) that the rule ranks highest per KV head (the largest over its query heads), exact softmax attention over
 those rows. Positions are in order (the context is below the ring), so page j holds positions sinks + 16j ...
 
 Rules: `full` (every row), `window` (sinks + the last budget - sinks rows), `bound` (Quest's upper bound,
@@ -99,6 +99,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
 
 def main() -> None:
+    global PAGE
     import transformers
 
     from edgeattn.evaluation.scoring import score
@@ -113,9 +114,11 @@ def main() -> None:
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--sinks", choices=("true", "frozen"), default="true",
                     help="sink distances under a window or budget: true, or edgeattn's (frozen at sinks + W)")
+    ap.add_argument("--page", type=int, default=PAGE, help="rows a page (edgeattn's default 16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    PAGE = args.page
     torch.set_num_threads(args.threads)
     budget = args.budget or args.context // 8
     free = budget - SINKS
@@ -156,10 +159,10 @@ def main() -> None:
     accuracy = {m["rule"]: sum(r["correct"][m["rule"]] for r in rows) / len(rows) for m in modes}
     print(f"{args.task} at {args.context} tokens, budget {budget} (window {window} + {pages} pages "
           f"for the page rules), {len(rows)} samples: " + ", ".join(f"{k} {v:.2f}" for k, v in accuracy.items()))
-    tail = "" if args.sinks == "true" else "_frozen_sinks"
+    tail = ("" if args.sinks == "true" else "_frozen_sinks") + ("" if PAGE == 16 else f"_page{PAGE}")
     out_path = args.out or Path(__file__).parent / "results" / f"page_choice_{args.task}_{args.context}{tail}.json"
     out_path.write_text(json.dumps({"task": args.task, "context": args.context, "budget": budget, "window": window,
-                                    "sinks": args.sinks,
+                                    "sinks": args.sinks, "page": PAGE,
                                     "modes": modes, "accuracy": accuracy, "threads": args.threads,
                                     "samples": rows}, indent=1))
     print(f"wrote {out_path}")

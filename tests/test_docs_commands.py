@@ -234,6 +234,8 @@ CASES: dict[tuple[str, str], Case] = {
                            "--budget 512"): skip(BENCH),
     ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice.py --task multikey --context 4096 --samples 10 "
                            "--budget 512 --rules window,bound,centre --sinks frozen"): skip(BENCH),
+    ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice.py --task multikey --context 4096 --samples 10 "
+                           "--budget 512 --rules centre,exact --page 8"): skip(BENCH),
     ("docs/evaluation.md", "edgeattn eval-table smollm2-paged.edgeattn --tasks passkey,multikey --contexts 2048 "
                            "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
                            "--window-max 4096 --threads 2 --out "
