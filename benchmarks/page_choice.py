@@ -5,8 +5,9 @@
 SmolLM2-135M-Instruct (the packaged model) in PyTorch on the CPU, greedy. Each sample's prompt is read once with
 full attention (as `--prompt-attention whole`), then every rule decodes the answer from a copy of that cache: the
 sink rows, a recent window of 25% of the other rows (in whole pages, as AttentionBudget.from_total) and the k pages
-of 16 rows (`--page`) that the rule ranks highest per KV head (the largest over its query heads), exact softmax attention over
-those rows. Positions are in order (the context is below the ring), so page j holds positions sinks + 16j ...
+of 16 rows (`--page`) that the rule ranks highest per KV head (the largest over its query heads), exact softmax
+attention over those rows. Positions are in order (the context is below the ring), so page j holds positions
+sinks + 16j ...
 
 Rules: `full` (every row), `window` (sinks + the last budget - sinks rows), `bound` (Quest's upper bound,
 sum_d max(q_d min_d, q_d max_d)), `centre` (q . (min + max) / 2: what edgeattn ships), `mean` (q . the mean key of

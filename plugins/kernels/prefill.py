@@ -16,8 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from edgeattn.plugins.kernels.common import (NEG_BIG, attend_blocks, dot, key_allowed, key_blocks, load_block, query_tile,
-                                             softmax_update)
+from edgeattn.plugins.kernels.common import (NEG_BIG, attend_blocks, dot, key_allowed, key_blocks, load_block,
+                                             query_tile, softmax_update)
 from edgeattn.plugins.kernels.launch import device_arch, last_dim_contiguous, mask_argument
 from edgeattn.plugins.kernels.tuning import prefill_tile
 
