@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +64,42 @@ def resolve(name_or_dir: str | Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _one_writer(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) while the block runs: processes started together
+    (two commands, test workers) convert a checkpoint once, and none reads a folder another is replacing. Where
+    there is no fcntl (Windows), no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a cache this user cannot write: the conversion's own write says so, with the path
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the lock goes with the process, SIGKILL included
+        yield
+    finally:
+        os.close(fd)
+
+
 def _smollm2_checkpoint(root: Path) -> Path:
     """Dequantize the GGUF file once (about 20 s) into a normal checkpoint in the cache."""
     out = cache_dir() / "smollm2-135m-instruct"
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+    ready = lambda: (out / "config.json").is_file() and any(out.glob("*.safetensors"))  # noqa: E731
+    if ready():
         return out
+    with _one_writer(cache_dir() / ".smollm2-135m-instruct.lock"):
+        if ready():  # another process converted it while this one waited
+            return out
+        return _convert_smollm2(root, out)
+
+
+def _convert_smollm2(root: Path, out: Path) -> Path:
     require("gguf", "loading SmolLM2 from its GGUF file")
     transformers = require("transformers", "loading SmolLM2")
     gguf = root / SMOLLM2_GGUF

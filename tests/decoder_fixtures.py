@@ -45,6 +45,19 @@ def tiny_decoder(tmp_path_factory):
     return model, tok, onnx_path, bundle.path
 
 
+@pytest.fixture(scope="session")
+def tiny_paged_decoder(tmp_path_factory):
+    """The cpu bundle of tiny_llama() exported with pages of 16 rows (the attention budget's retrieval pages)."""
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+
+    model, tok = tiny_llama()
+    folder = tmp_path_factory.mktemp("paged_decoder")
+    onnx_path = export_decoder_model(model, tok, folder / "tiny_paged.onnx",
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=16))
+    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+
+
 def bundle_and_torch_logits(model, bundle_path, ids=tuple(range(300, 330)), chunks=((0, 20), (20, 30))):
     """(the bundle's logits with prefill in `chunks`, the PyTorch model's logits), [S, V] each."""
     import numpy as np

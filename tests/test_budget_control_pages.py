@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_llama
+from decoder_fixtures import SINKS, requires_decoder_stack
 from edgeattn.attention.budget import AttentionBudget
 
 PAGE = 16
@@ -18,19 +18,7 @@ SAMPLING = dict(temperature=0.7, seed=5)  # greedy repeats one token on this mod
 pytestmark = [requires_decoder_stack, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def paged_bundle(tmp_path_factory):
-    from edgeattn.bundle.build import BuildConfig, build
-    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
-
-    model, tok = tiny_llama()
-    folder = tmp_path_factory.mktemp("paged16")
-    onnx_path = export_decoder_model(model, tok, folder / "tiny_paged16.onnx",
-                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=PAGE))
-    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
-
-
-def test_budgets_with_pages_in_one_batch_each_give_the_tokens_of_their_own_budget(paged_bundle):
+def test_budgets_with_pages_in_one_batch_each_give_the_tokens_of_their_own_budget(tiny_paged_decoder):
     from edgeattn.runtime.generation.engine import new_job
     from edgeattn.runtime.generation.generator import GenerationConfig, Generator
     from edgeattn.runtime.generation.sampling import SamplingConfig
@@ -41,7 +29,7 @@ def test_budgets_with_pages_in_one_batch_each_give_the_tokens_of_their_own_budge
     prompt = [int(t) for t in np.random.default_rng(3).integers(100, 20000, 40)]
     prompts = [prompt] * len(caps)  # one prompt: the budget alone tells the streams apart
     sampling = SamplingConfig(**SAMPLING)
-    with Generator.open(paged_bundle) as gen:
+    with Generator.open(tiny_paged_decoder) as gen:
         refs = [gen.generate(p, GenerationConfig(max_tokens=30, prefill_chunk=16, sampling=sampling),
                              window=AttentionBudget(*caps[cap], PAGE)) for p, cap in zip(prompts, caps)]
         done, events = threading.Event(), {}

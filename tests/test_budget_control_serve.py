@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_decoder  # noqa: E402,F401
+from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack  # noqa: E402
 from serve_support import http, metric_value, post_json, sse, wait_ready_http  # noqa: E402
 
 from edgeattn.cli.main import cli  # noqa: E402

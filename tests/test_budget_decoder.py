@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decoder_fixtures import SINKS, requires_decoder_stack, tiny_decoder, tiny_llama  # noqa: F401 - a fixture
+from decoder_fixtures import SINKS, requires_decoder_stack, tiny_llama
 from edgeattn.errors import ConfigError
 
 WINDOW_MAX, PAGE = 48, 4

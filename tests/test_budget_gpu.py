@@ -4,42 +4,33 @@ op's reference path); marked gpu, the same on CUDA with the kernels and the capt
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+import interpreter_runs
 from onnx_fixtures import has
 
 torch = pytest.importorskip("torch")
 
-CASES_SCRIPT = Path(__file__).with_name("budget_gpu_cases.py")
 needs_triton = pytest.mark.skipif(not has("triton"), reason="needs triton")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
-def kernel_errors() -> dict[str, float]:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES_SCRIPT.parent))
-    done = subprocess.run([sys.executable, str(CASES_SCRIPT)], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def budget_kernel_errors() -> dict[str, float]:
+    return interpreter_runs.result("budget_kernel_errors")
 
 
 @pytest.mark.slow
 @pytest.mark.triton
 @needs_triton
-def test_the_kernels_match_the_oracle(kernel_errors):
+def test_the_kernels_match_the_oracle(budget_kernel_errors):
     """Bounds kept by the decode write and by the refresh (ring wraps, pages overwritten in part) equal the
     bounds recomputed from the rows; the block-sparse decode equals the oracle for k in {0, 1, 3, all}, GQA
     groups 1-3, sinks 0-4, windows below the ring and the whole ring, 1 to 4 splits; ties take the lower page; the
     spread scoring chooses the first path's set; the attention launch's own row + bounds write (1 and 4 splits)
     leaves its output unchanged and keeps the rows and bounds ring_write_bounds keeps."""
-    e = kernel_errors
+    e = budget_kernel_errors
     assert {k for k in e if k.startswith("bounds:")} == {"bounds:decode-writes", "bounds:refresh-chunks",
                                                           "bounds:refresh-all"}
     assert all(e[k] == 0.0 for k in e if k.split(":")[0] in ("bounds", "select", "write")), e

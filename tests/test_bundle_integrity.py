@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401  (a fixture)
+from decoder_fixtures import requires_decoder_stack
 from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.bundle.folder import open_bundle
 from edgeattn.cli.main import cli

@@ -13,7 +13,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack
 from edgeattn.passes import PassContext
 from edgeattn.passes.plans import plan_for
 from edgeattn.passes.rmsnorm_cpu import FuseRmsNormForCpu

@@ -146,7 +146,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("README.md", "bash scripts/quickstart.sh"): skip(
         "installs into .venv first (scripts/setup.sh); its export, build and bench run in "
         "tests/test_quickstart_output.py"),
-    ("README.md", "bash scripts/setup.sh && .venv/bin/python -m pytest -q"): skip(
+    ("README.md", "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadfile"): skip(
         "installs into .venv and runs the whole suite, this test included"),
     # attention fusion
     ("docs/attention-fusion.md", "python benchmarks/encoder_vs_ort.py"): skip(BENCH),

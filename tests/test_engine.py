@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import requires_decoder_stack
 from edgeattn.attention.ring import RingLayout
 from edgeattn.runtime.generation.cache import KVCache
 from edgeattn.runtime.generation.engine import Job, new_job

@@ -7,22 +7,10 @@ import json
 
 import pytest
 
-from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_llama
+from decoder_fixtures import SINKS, requires_decoder_stack
 from edgeattn.cli.main import cli
 
-pytestmark = [requires_decoder_stack, pytest.mark.slow]  # one more tiny export and build (a minute or two)
-
-
-@pytest.fixture(scope="module")
-def paged_bundle(tmp_path_factory):
-    from edgeattn.bundle.build import BuildConfig, build
-    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
-
-    model, tok = tiny_llama()
-    folder = tmp_path_factory.mktemp("paged_decoder")
-    onnx_path = export_decoder_model(model, tok, folder / "tiny_paged.onnx",
-                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=16))
-    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+pytestmark = [requires_decoder_stack, pytest.mark.slow]
 
 
 def _eval(runner, path, out, *extra):
@@ -32,24 +20,24 @@ def _eval(runner, path, out, *extra):
     return result, json.loads(out.read_text())
 
 
-def test_a_budget_runs_and_a_whole_budget_equals_full_attention(paged_bundle, runner, tmp_path):
-    _, full = _eval(runner, paged_bundle, tmp_path / "full.json")
-    result, whole = _eval(runner, paged_bundle, tmp_path / "whole.json", "--budget", "260")
+def test_a_budget_runs_and_a_whole_budget_equals_full_attention(tiny_paged_decoder, runner, tmp_path):
+    _, full = _eval(runner, tiny_paged_decoder, tmp_path / "full.json")
+    result, whole = _eval(runner, tiny_paged_decoder, tmp_path / "whole.json", "--budget", "260")
     assert "budget 260 (25% recent) (200 rows read of 200" in result.stdout
     assert whole["setting"] == {"kind": "budget", "size": 260, "recent": 0.25} and whole["rows"] == 200
     assert [s["text"] for s in whole["samples"]] == [s["text"] for s in full["samples"]]
-    _, small = _eval(runner, paged_bundle, tmp_path / "small.json", "--budget", "68", "--budget-recent", "0.5")
+    _, small = _eval(runner, tiny_paged_decoder, tmp_path / "small.json", "--budget", "68", "--budget-recent", "0.5")
     assert small["rows"] == 68 and small["label"] == "budget 68 (50% recent)" and small["count"] == 2
 
 
-def test_a_whole_prompt_says_so_in_the_label_and_the_json(paged_bundle, runner, tmp_path):
+def test_a_whole_prompt_says_so_in_the_label_and_the_json(tiny_paged_decoder, runner, tmp_path):
     """--prompt-attention whole: the label and the JSON say it, and with a budget holding every row it is full
     attention."""
-    _, full = _eval(runner, paged_bundle, tmp_path / "full.json")
-    result, whole = _eval(runner, paged_bundle, tmp_path / "whole.json", "--budget", "260", "--prompt-attention",
+    _, full = _eval(runner, tiny_paged_decoder, tmp_path / "full.json")
+    result, whole = _eval(runner, tiny_paged_decoder, tmp_path / "whole.json", "--budget", "260", "--prompt-attention",
                           "whole")
     assert "budget 260 (25% recent, prompt whole)" in result.stdout
     assert whole["setting"] == {"kind": "budget", "size": 260, "recent": 0.25, "prompt": "whole"}
     assert [s["text"] for s in whole["samples"]] == [s["text"] for s in full["samples"]]
-    _, small = _eval(runner, paged_bundle, tmp_path / "small.json", "--window", "16", "--prompt-attention", "whole")
+    _, small = _eval(runner, tiny_paged_decoder, tmp_path / "small.json", "--window", "16", "--prompt-attention", "whole")
     assert small["label"] == "window 16 (prompt whole)" and small["rows"] == SINKS + 16

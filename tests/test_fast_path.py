@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import SINKS, WINDOW_MAX, requires_decoder_stack
 from edgeattn.runtime.generation.fast_path import eligible
 
 pytestmark = requires_decoder_stack

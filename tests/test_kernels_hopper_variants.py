@@ -8,47 +8,36 @@ hardware nor warp specialization; those are timed and checked on the H200 (bench
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+import interpreter_runs
 from onnx_fixtures import has
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (has("triton") and has("torch")), reason="needs triton and torch")]
 
-CASES_SCRIPT = Path(__file__).with_name("kernels_hopper_cases.py")
-
 
 @pytest.fixture(scope="module")
-def errors() -> dict[str, float]:
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(CASES_SCRIPT.parent), os.environ.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, str(CASES_SCRIPT)], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def hopper_errors() -> dict[str, float]:
+    return interpreter_runs.result("hopper_errors")
 
 
-def test_every_variant_matches_the_reference(errors):
-    bad = {k: v for k, v in errors.items() if k != "fallback-warned" and not v <= 2e-3}
+def test_every_variant_matches_the_reference(hopper_errors):
+    bad = {k: v for k, v in hopper_errors.items() if k != "fallback-warned" and not v <= 2e-3}
     assert not bad, f"max abs error above 2e-3 (fp16): {bad}"
 
 
-def test_every_variant_tile_and_case_ran(errors):
-    variants = {k.split(":")[0] for k in errors}
+def test_every_variant_tile_and_case_ran(hopper_errors):
+    variants = {k.split(":")[0] for k in hopper_errors}
     assert {"ptr", "desc", "ptr+fold+ls2", "desc+fold+ws", "desc+sink+split", "ptr+fold+sink+split",
             "desc+sink+split+one", "ptr+one"} <= variants
-    assert sum(k.startswith("desc:32x16:") for k in errors) == 9  # BLOCK_M > BLOCK_N with descriptors
-    assert sum(k.startswith("desc+sink+split:32x16:") for k in errors) == 9
-    assert sum(k.startswith("desc+sink+split+one:32x16:") for k in errors) == 9
+    assert sum(k.startswith("desc:32x16:") for k in hopper_errors) == 9  # BLOCK_M > BLOCK_N with descriptors
+    assert sum(k.startswith("desc+sink+split:32x16:") for k in hopper_errors) == 9
+    assert sum(k.startswith("desc+sink+split+one:32x16:") for k in hopper_errors) == 9
 
 
-def test_misaligned_descriptors_fall_back_with_a_reason(errors):
-    assert errors["fallback:misaligned"] <= 2e-3
-    assert errors["fallback-warned"] == 1.0
+def test_misaligned_descriptors_fall_back_with_a_reason(hopper_errors):
+    assert hopper_errors["fallback:misaligned"] <= 2e-3
+    assert hopper_errors["fallback-warned"] == 1.0
 
 
 def test_window_table_picks_by_window(monkeypatch):

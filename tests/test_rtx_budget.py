@@ -103,10 +103,10 @@ def test_a_decoder_with_pages_builds_with_its_cached_attention_on_the_plugin(tmp
     from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
 
-    monkeypatch.setenv("EDGEATTN_CACHE_DIR", str(tmp_path / "cache"))
-    model, tok = tiny_llama()
+    model, tok = tiny_llama()  # before the cache moves: SmolLM2's tokenizer comes from the user's cache
     onnx_path = export_decoder_model(model, tok, tmp_path / "tiny_paged.onnx",
                                      DecoderExportConfig(sinks=DEC_SINKS, window_max=WINDOW_MAX, page=16))
+    monkeypatch.setenv("EDGEATTN_CACHE_DIR", str(tmp_path / "cache"))  # the engine's timing cache
     pages = WINDOW_MAX // 16
     bundle = build(onnx_path, BuildConfig(target="rtx", out=tmp_path / "rtx.edgeattn", seq=(1, 1, 32),
                                           dims=(("cache", (DEC_SINKS + WINDOW_MAX,) * 3), ("pages", (pages,) * 3))))

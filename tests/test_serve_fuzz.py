@@ -23,7 +23,6 @@ from edgeattn.runtime.server.app import create_app  # noqa: E402
 from edgeattn.runtime.server.openapi import openapi_document  # noqa: E402
 from edgeattn.runtime.server.runner import BackgroundServer  # noqa: E402
 from edgeattn.runtime.server.settings import ServeSettings  # noqa: E402
-from decoder_fixtures import tiny_decoder  # noqa: E402,F401
 from serve_support import http, make_bundle, tiny_bundle, wait_ready_http, window_model  # noqa: E402
 
 DESCRIPTION = openapi_document(__version__, ["tiny", "windowed"], ["attention_mask", "input_ids"],

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: E402,F401
+from decoder_fixtures import requires_decoder_stack  # noqa: E402
 from serve_support import (JSON, http, metric_value, next_event, open_stream, post_json, sse,  # noqa: E402
                            tiny_bundle, wait_ready_http)
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: E402,F401  (fixture)
+from decoder_fixtures import requires_decoder_stack  # noqa: E402
 from serve_support import next_event, open_stream, post_json, wait_ready_http  # noqa: E402
 
 pytestmark = requires_decoder_stack

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: E402,F401
+from decoder_fixtures import requires_decoder_stack  # noqa: E402
 from edgeattn.runtime.server.app import create_app  # noqa: E402
 from edgeattn.runtime.server.runner import BackgroundServer  # noqa: E402
 from edgeattn.runtime.server.settings import ServeSettings  # noqa: E402

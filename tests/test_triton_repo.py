@@ -15,7 +15,7 @@ from edgeattn.bundle.folder import Bundle
 from edgeattn.cli.main import cli
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.tritonserver.repository import TritonConfig, export_triton, model_kind, render_config
-from decoder_fixtures import requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import requires_decoder_stack
 from onnx_fixtures import has
 from test_fusion_reasons import attention_graph
 

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import pytest
 
-from decoder_fixtures import SINKS, requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import SINKS, requires_decoder_stack
 from edgeattn.bundle.build import BuildConfig, build
 from edgeattn.bundle.folder import open_bundle
 from edgeattn.runtime.backends import open_backend

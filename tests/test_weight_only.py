@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from decoder_fixtures import bundle_and_torch_logits, cosines, requires_decoder_stack, tiny_decoder  # noqa: F401
+from decoder_fixtures import bundle_and_torch_logits, cosines, requires_decoder_stack
 from edgeattn.errors import ConfigError, ModelError
 
 pytestmark = requires_decoder_stack
