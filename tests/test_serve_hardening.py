@@ -257,7 +257,7 @@ POSTS = ROUTES + ["/v2/models/enc/infer", "/v2/admin/window", "/v2/admin/window/
 @pytest.mark.parametrize("coding, body, status, phrase", [
     ("gzip", b"this is not gzip at all", 400, "expected gzip data"),
     ("deflate", b"\x00\x01 nor deflate", 400, "expected deflate data"),
-    ("gzip", gzip.compress(b'{"window": 3}')[:-6], 400, "cut short"),
+    ("gzip", gzip.compress(b'{"window": 3}', mtime=0)[:-6], 400, "cut short"),
     ("br", b"whatever", 415, "Content-Encoding: expected gzip"),
 ])
 def test_a_corrupt_content_encoding_is_4xx_and_the_connection_goes_on(served, route, coding, body, status, phrase):
