@@ -63,12 +63,29 @@ def _no_server_error(case, base_url: str):
     return response
 
 
-@schema.include(path_regex="infer|admin").parametrize()
-@settings(FUZZ, max_examples=30)
-def test_no_request_is_a_server_error(case, base_url):
-    response = _no_server_error(case, base_url)
-    if response.status_code >= 400:
-        assert "error" in response.json(), response.text[:300]
+def operations(selected) -> list:
+    """The selected operations as pytest parameters named by their label ("POST /v2/models/{model_name}/infer").
+
+    Not schemathesis's own `parametrize()`: it gives every operation the test's one id, and pytest -n, which
+    schedules by id, then runs the first operation alone."""
+    return [pytest.param(op, id=op.label) for op in (r.ok() for r in selected.get_all_operations())]
+
+
+def cases(operation):
+    """Valid and invalid requests for one operation (schemathesis's positive and negative generation)."""
+    return st.one_of([operation.as_strategy(generation_mode=mode) for mode in schemathesis.GenerationMode])
+
+
+@pytest.mark.parametrize("operation", operations(schema.include(path_regex="infer|admin")))
+def test_no_request_is_a_server_error(operation, base_url):
+    @given(case=cases(operation))
+    @settings(FUZZ, max_examples=30)
+    def check(case):
+        response = _no_server_error(case, base_url)
+        if response.status_code >= 400:
+            assert "error" in response.json(), response.text[:300]
+
+    check()
 
 
 _ids = st.lists(st.one_of(st.integers(0, 999), st.integers(-2**64, 2**64), st.floats(allow_nan=True)),
@@ -135,13 +152,17 @@ def test_the_description_is_served_and_names_every_route(request, server, descri
     assert doc == description and routes <= set(doc["paths"])
 
 
-@gen_schema.include(path_regex="v1|generate").parametrize()
-@settings(FUZZ, max_examples=15)
-def test_no_generation_request_is_a_server_error(case, gen_url):
-    response = _no_server_error(case, gen_url)
-    if response.status_code >= 400:
-        error = response.json()["error"]
-        assert isinstance(error, str) or {"message", "type", "param", "code"} <= set(error), response.text[:300]
+@pytest.mark.parametrize("operation", operations(gen_schema.include(path_regex="v1|generate")))
+def test_no_generation_request_is_a_server_error(operation, gen_url):
+    @given(case=cases(operation))
+    @settings(FUZZ, max_examples=15)
+    def check(case):
+        response = _no_server_error(case, gen_url)
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert isinstance(error, str) or {"message", "type", "param", "code"} <= set(error), response.text[:300]
+
+    check()
 
 
 # --- generation bodies: well-formed JSON with odd values, any content coding --------------------------------
