@@ -3,7 +3,10 @@
     .venv/bin/python benchmarks/decode_step_cpu.py                          # our fast path vs onnxruntime-genai, int4
     .venv/bin/python benchmarks/decode_step_cpu.py --precision fp32 --rounds 5
     .venv/bin/python benchmarks/decode_step_cpu.py --graph old=path/to/model.fast_path.onnx   # any other graph beside
+    .venv/bin/python benchmarks/decode_step_cpu.py --prompt 512 --rounds 5   # steps reading 512-608 cached rows
 
+`--prompt N` starts the timed steps after N prompt tokens (default 32): the fast path's GroupQueryAttention then
+reads N + 1 to N + 96 cached rows in place.
 Each graph runs in its own process (ONNX Runtime's idle thread pool spins after a run: two sessions in one
 process slow each other), 2 threads, its cache buffers bound as inputs and outputs (IO binding, in place), a
 32-token prompt and then one token a step; the figure is the median `run_with_iobinding` time over the decode
@@ -33,7 +36,7 @@ def graphs(precision: str) -> dict[str, Path]:
             "onnxruntime-genai": GEN / f"genai_{precision}" / "model.onnx"}
 
 
-def measure(path: Path) -> float:
+def measure(path: Path, prompt: int = PROMPT) -> float:
     """Median seconds of one decode step's run (in this process)."""
     import numpy as np
     import onnxruntime as ort
@@ -49,12 +52,12 @@ def measure(path: Path) -> float:
         head_dim = json.loads((path.parent / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
     io, held = session.io_binding(), []
     for name in pasts:  # the buffers hold the whole run; present.* are the same memory (written in place)
-        value = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv_heads, PROMPT + STEPS + 8, head_dim), np.float32))
+        value = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv_heads, prompt + STEPS + 8, head_dim), np.float32))
         io.bind_ortvalue_input(name, value)
         io.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
         held.append(value)
     position, times = 0, []
-    for chunk in [PROMPT] + [1] * STEPS:
+    for chunk in [prompt] + [1] * STEPS:
         io.bind_cpu_input("input_ids", np.full((1, chunk), 100 + position % 50, np.int64))
         if "cache_position" in inputs:  # ours: the stream's position, the whole window, the last logits only
             io.bind_cpu_input("cache_position", np.array([position], np.int64))
@@ -76,10 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", choices=["fp32", "int4"], default="int4")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--graph", action="append", default=[], metavar="NAME=PATH", help="another graph to time")
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens before the timed steps")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time this graph, print seconds
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one)))
+        print(json.dumps(measure(args.one, args.prompt)))
         return
     todo = graphs(args.precision)
     todo.update(dict(item.split("=", 1) for item in args.graph))
@@ -90,11 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         names = list(todo) if r % 2 == 0 else list(todo)[::-1]
         for name in names:
-            out = subprocess.run([sys.executable, __file__, "--one", str(todo[name])], capture_output=True, text=True,
+            out = subprocess.run([sys.executable, __file__, "--one", str(todo[name]), "--prompt", str(args.prompt)], capture_output=True, text=True,
                                  check=True)
             runs[name].append(1e3 * json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1}/{args.rounds} {name}: {runs[name][-1]:.3f} ms", file=sys.stderr, flush=True)
-    print(f"| graph ({args.precision}, {PROMPT}-token prompt) | median ms a decode step | rounds |\n|---|---|---|")
+    print(f"| graph ({args.precision}, {args.prompt}-token prompt) | median ms a decode step | rounds |\n|---|---|---|")
     for name, times in runs.items():
         print(f"| {name} | {statistics.median(times):.3f} | {', '.join(f'{t:.2f}' for t in times)} |")
 

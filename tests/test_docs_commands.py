@@ -230,6 +230,24 @@ CASES: dict[tuple[str, str], Case] = {
                            "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
                            "--window-max 4096 --threads 2 --out "
                            "benchmarks/results/eval_prompt_whole_dense2_smollm2_raw_4k_cpu.json"): skip(BENCH),
+    ("docs/evaluation.md", "python benchmarks/page_choice.py --task passkey --context 2048 --samples 50 --divisors "
+                           "2,4,8,16 --rules full,window,centre,exact --device cuda --out "
+                           "benchmarks/results/page_choice_passkey_2048_grid.json"): skip(GPU),
+    ("docs/evaluation.md", "python benchmarks/page_choice.py --task multikey --context 8192 --samples 50 --divisors "
+                           "2,4,8,16 --rules full,window,centre,exact --device cuda --out "
+                           "benchmarks/results/page_choice_multikey_8192_grid.json"): skip(GPU),
+    ("docs/evaluation.md", "python benchmarks/page_choice.py --task multikey --context 4096 --samples 50 --divisors 8 "
+                           "--rules centre,exact,mix25 --page 8 --device cuda --out "
+                           "benchmarks/results/page_choice_multikey_4096_eighth_page8.json"): skip(GPU),
+    ("docs/evaluation.md", "python benchmarks/page_choice.py --task multikey --context 4096 --samples 50 --divisors 8 "
+                           "--rules centre,mix25,exact --page 8 --recent 0.125 --device cuda --out "
+                           "benchmarks/results/page_choice_multikey_4096_eighth_page8_recent0125.json"): skip(GPU),
+    ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice_table.py "
+                           + " ".join(f"benchmarks/results/page_choice_{t}_{c}_grid.json" for t in ("passkey", "multikey")
+                                      for c in (2048, 4096, 8192))
+                           + " --plot docs/images/page_choice_grid.png"): Case(
+        "ci", in_repo=True, subs=((".venv/bin/python", sys.executable),), why="this environment's Python",
+        expect="| 8,192 | 50 | 0.62 |"),
     ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice.py --task multikey --context 4096 --samples 10 "
                            "--budget 512"): skip(BENCH),
     ("docs/evaluation.md", ".venv/bin/python benchmarks/page_choice.py --task multikey --context 4096 --samples 10 "

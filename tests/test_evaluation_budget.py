@@ -41,3 +41,27 @@ def test_a_whole_prompt_says_so_in_the_label_and_the_json(tiny_paged_decoder, ru
     assert [s["text"] for s in whole["samples"]] == [s["text"] for s in full["samples"]]
     _, small = _eval(runner, tiny_paged_decoder, tmp_path / "small.json", "--window", "16", "--prompt-attention", "whole")
     assert small["label"] == "window 16 (prompt whole)" and small["rows"] == SINKS + 16
+
+
+@pytest.fixture(scope="module")
+def page8_decoder(tmp_path_factory):
+    """The tiny decoder exported with pages of 8 rows (a page size other than the default 16)."""
+    from decoder_fixtures import WINDOW_MAX, tiny_llama
+    from edgeattn.bundle.build import BuildConfig, build
+    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+
+    model, tok = tiny_llama()
+    folder = tmp_path_factory.mktemp("page8_decoder")
+    onnx_path = export_decoder_model(model, tok, folder / "tiny_page8.onnx",
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=8))
+    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+
+
+def test_a_budget_takes_the_bundles_page_size(page8_decoder, runner, tmp_path):
+    """A budget of N rows on a bundle with pages of 8 is split into pages of 8 (44 rows: sinks 4 + W 8 + 4 pages),
+    in `eval` and in `generate`; pages of 16 were refused by the model ("expected pages of 8 rows")."""
+    result, small = _eval(runner, page8_decoder, tmp_path / "small.json", "--budget", "44")
+    assert small["rows"] == 44 and small["label"] == "budget 44 (25% recent)", result.output
+    result = runner.invoke(cli, ["generate", str(page8_decoder), "--prompt", "the sky is", "--budget", "44",
+                                 "--max-tokens", "3"])
+    assert result.exit_code == 0, result.output

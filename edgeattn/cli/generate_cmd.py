@@ -25,8 +25,9 @@ import click
 @click.option("--stop", multiple=True, help="Stop when this text appears (not included); repeatable.")
 @click.option("--window", default=0, show_default=True,
               help="Attention window in tokens (sinks kept); 0 = the whole ring.")
-@click.option("--budget", type=int, help="Attention budget in cache rows (sinks + window + retrieval pages of 16 "
-              "rows): the window and the pages whose keys best match each query [default: the window alone].")
+@click.option("--budget", type=int, help="Attention budget in cache rows (sinks + window + retrieval pages of the "
+              "bundle's page size, set at export): the window and the pages whose keys best match each query "
+              "[default: the window alone].")
 @click.option("--budget-recent", type=float, help="Share of the budget's non-sink rows given to the recent window, "
               "the rest to retrieval pages (1 = the window alone) [default: 0.25].")
 @click.option("--prompt-attention", type=click.Choice(["budget", "whole"]), default="budget", show_default=True,

@@ -20,7 +20,7 @@ from edgeattn.evaluation.scoring import score
 from edgeattn.evaluation.settings import AttentionSetting
 from edgeattn.evaluation.tasks import Sample, check_form, get_task, make_samples
 from edgeattn.quantize.progress import StepProgress
-from edgeattn.runtime.generation.engine import live_budget
+from edgeattn.runtime.generation.engine import budget_page, live_budget
 from edgeattn.runtime.generation.generator import GenerationConfig, Generator
 
 Progress = Callable[[object], None]  # a line of text or a StepProgress
@@ -126,7 +126,7 @@ def check_context(gen: Generator, context: int) -> None:
 def check_setting(gen: Generator, setting: AttentionSetting):
     """The live value the engine reads (window or AttentionBudget), checked against this bundle: a budget with
     pages needs a model that reads them (a bundle exported with a page size), which the engine checks."""
-    live = setting.live(gen.model.layout)
+    live = setting.live(gen.model.layout, budget_page(gen.model))
     live_budget(gen.model, live)
     return live
 
@@ -161,5 +161,6 @@ def run_eval(gen: Generator, config: EvalConfig, *, progress: Progress | None = 
     results = evaluate(gen, samples, config.setting, config.new_tokens, prefill_chunk=config.prefill_chunk,
                        progress=progress)
     return EvalResult(config.task, config.context, config.setting,
-                      config.setting.rows(gen.model.layout, config.context), config.new_tokens, config.seed,
+                      config.setting.rows(gen.model.layout, config.context, budget_page(gen.model)), config.new_tokens,
+                      config.seed,
                       tuple(results), time.perf_counter() - start, config.form)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgeattn.attention.budget import DEFAULT_RECENT, AttentionBudget
+from edgeattn.attention.budget import DEFAULT_PAGE, DEFAULT_RECENT, AttentionBudget
 from edgeattn.attention.ring import RingLayout
 from edgeattn.errors import ConfigError
 
@@ -54,21 +54,22 @@ class AttentionSetting:
             return f"window {self.size}" + (f" ({whole[2:]})" if whole else "")
         return f"budget {self.size} ({self.recent:.0%} recent{whole})"
 
-    def live(self, layout: RingLayout) -> int | AttentionBudget:
-        """What the engine reads every step: a window (int, 0 = the whole ring) or an AttentionBudget."""
+    def live(self, layout: RingLayout, page: int = DEFAULT_PAGE) -> int | AttentionBudget:
+        """What the engine reads every step: a window (int, 0 = the whole ring) or an AttentionBudget with pages
+        of `page` rows (the model's)."""
         if self.kind == "full":
             return 0
         if self.kind == "window":
             return layout.check_window(self.size)
-        return AttentionBudget.from_total(layout, self.size, recent=self.recent)
+        return AttentionBudget.from_total(layout, self.size, page=page, recent=self.recent)
 
-    def rows(self, layout: RingLayout, context: int) -> int:
+    def rows(self, layout: RingLayout, context: int, page: int = DEFAULT_PAGE) -> int:
         """Rows a query reads at most, with a stream of `context` tokens."""
         if self.kind == "full":
             return context
         if self.kind == "window":
             return min(context, layout.sinks + self.size)
-        return min(context, self.live(layout).rows)
+        return min(context, self.live(layout, page).rows)
 
     def to_dict(self) -> dict:
         out = {"kind": self.kind, "size": self.size}

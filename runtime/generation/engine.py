@@ -178,6 +178,12 @@ def reads_pages(model) -> bool:
     return _PAGES_SUPPORT[kind]
 
 
+def budget_page(model) -> int:
+    """Rows per retrieval page of a budget built for this model: its key bounds' page (a bundle exported with a
+    page size), else the default (a model that reads the window only: its budgets have no pages to size)."""
+    return int(getattr(model, "page", 0) or DEFAULT_PAGE)
+
+
 def live_budget(model: DecoderBackend, value) -> AttentionBudget:
     """The budget a step runs with on this model's ring, from a window (int) or an AttentionBudget: a window
     beyond the ring is the whole ring (and then no pages), pages beyond the ring are dropped; a budget with

@@ -28,7 +28,7 @@ from edgeattn.attention.budget import DEFAULT_RECENT, AttentionBudget
 from edgeattn.errors import ConfigError, InputError
 from edgeattn.runtime.generation.backend import DecoderBackend, preferred_chunk
 from edgeattn.runtime.generation.decoder_bundle import open_decoder
-from edgeattn.runtime.generation.engine import Engine, check_prompt_attention, live_budget, new_job
+from edgeattn.runtime.generation.engine import Engine, budget_page, check_prompt_attention, live_budget, new_job
 from edgeattn.runtime.generation.sampling import SamplingConfig
 
 Window = int | AttentionBudget | Callable[[], int | AttentionBudget]
@@ -127,7 +127,8 @@ class Generator:
         model.activate()
         if window is None:
             window = config.window if config.budget is None else \
-                AttentionBudget.from_total(model.layout, config.budget, recent=config.budget_recent)
+                AttentionBudget.from_total(model.layout, config.budget, page=budget_page(model),
+                                           recent=config.budget_recent)
         read = window if callable(window) else (lambda: window)
         first = read()  # a bad window or budget fails before any work
         model.check_window(first.window if isinstance(first, AttentionBudget) else first)
