@@ -3,10 +3,13 @@
     .venv/bin/python benchmarks/decode_step_cpu.py                          # our fast path vs onnxruntime-genai, int4
     .venv/bin/python benchmarks/decode_step_cpu.py --precision fp32 --rounds 5
     .venv/bin/python benchmarks/decode_step_cpu.py --graph old=path/to/model.fast_path.onnx   # any other graph beside
-    .venv/bin/python benchmarks/decode_step_cpu.py --prompt 512 --rounds 5   # steps reading 512-608 cached rows
+    .venv/bin/python benchmarks/decode_step_cpu.py --only edgeattn --prompt 32 464 3000 --ring 16 128 512 960 --rounds 6
 
-`--prompt N` starts the timed steps after N prompt tokens (default 32): the fast path's GroupQueryAttention then
-reads N + 1 to N + 96 cached rows in place.
+`--prompt N [N ...]` starts the timed steps after N prompt tokens (default 32): the fast path's GroupQueryAttention
+then reads N + 1 to N + 96 cached rows in place (several values: every graph at each, in turns). `--only` times some
+of the default graphs. `--ring W [W ...]` also times the bundle's ring graph (`model.ort.onnx`, what a stream past its
+window runs) at `--position` (default 1000) reading the sinks and the last W rows of a cache of random rows: the
+fast path's GroupQueryAttention reads cache rows in place, the ring graph gathers the rows it reads, then reads them.
 Each graph runs in its own process (ONNX Runtime's idle thread pool spins after a run: two sessions in one
 process slow each other), 2 threads, its cache buffers bound as inputs and outputs (IO binding, in place), a
 32-token prompt and then one token a step; the figure is the median `run_with_iobinding` time over the decode
@@ -74,34 +77,86 @@ def measure(path: Path, prompt: int = PROMPT) -> float:
     return statistics.median(times[1 + WARMUP:])
 
 
+def measure_ring(path: Path, position: int, window: int, runs: int = 60) -> float:
+    """Median seconds of one decode step of a bundle's ring graph (`model.ort.onnx`) at `position`, reading the sinks
+    and the last `window` rows of a cache of random rows (its timing does not depend on their values)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    _, kv_heads, _, head_dim = inputs["past_key_values.0.key"].shape
+    rng, capacity = np.random.default_rng(0), position + 100
+    feeds = {"input_ids": np.array([[100]], np.int64), "cache_position": np.array([position], np.int64),
+             "attention_window": np.array(window, np.int64), "logits_to_keep": np.array(1, np.int64),
+             "attention_pages": np.array(0, np.int64)}
+    for name in inputs:
+        if name.startswith("past_key_values."):
+            feeds[name] = rng.standard_normal((1, kv_heads, capacity, head_dim), dtype=np.float32)
+        elif name.startswith("key_bounds."):  # a bundle with pages: their bounds (read with pages 0 too)
+            page = int(json.loads((path.parent / "manifest.json").read_text())["sections"]["decoder"]["page"])
+            feeds[name] = rng.standard_normal((1, kv_heads, (capacity - 4) // page, 2, head_dim), dtype=np.float32)
+    io, held = session.io_binding(), []
+    for name in inputs:
+        held.append(ort.OrtValue.ortvalue_from_numpy(feeds[name]))
+        io.bind_ortvalue_input(name, held[-1])
+    for out in session.get_outputs():
+        io.bind_output(out.name)
+    times = []
+    for _ in range(WARMUP + runs):
+        t0 = time.perf_counter()
+        session.run_with_iobinding(io)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[WARMUP:])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", choices=["fp32", "int4"], default="int4")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--graph", action="append", default=[], metavar="NAME=PATH", help="another graph to time")
-    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens before the timed steps")
+    parser.add_argument("--prompt", type=int, nargs="+", default=[PROMPT],
+                        help="prompt tokens before the timed steps (several: each graph at each, in turns)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="time only these of the default graphs")
+    parser.add_argument("--ring", type=int, nargs="+", default=[], metavar="W",
+                        help="also time the bundle's ring graph (model.ort.onnx) reading the sinks + W rows")
+    parser.add_argument("--position", type=int, default=1000, help="the ring graph's stream position (--ring)")
+    parser.add_argument("--one-ring", type=Path, help=argparse.SUPPRESS)  # the child: --position, --ring W
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time this graph, print seconds
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure(args.one, args.prompt)))
+        print(json.dumps(measure(args.one, args.prompt[0])))
+        return
+    if args.one_ring:
+        print(json.dumps(measure_ring(args.one_ring, args.position, args.ring[0])))
         return
     todo = graphs(args.precision)
+    if args.only:
+        unknown = sorted(set(args.only) - set(todo))
+        if unknown:
+            parser.error(f"--only: expected some of {', '.join(todo)}, found {', '.join(unknown)}")
+        todo = {name: path for name, path in todo.items() if name in args.only}
     todo.update(dict(item.split("=", 1) for item in args.graph))
     missing = [f"{name}: {path}" for name, path in todo.items() if not Path(path).is_file()]
     if missing:
         sys.exit("missing (generation_cpu.py prepare [--peers]): " + "; ".join(missing))
-    runs: dict[str, list[float]] = {name: [] for name in todo}
+    cells = {f"{name} | fast path, after {prompt} prompt tokens": ["--one", str(todo[name]), "--prompt", str(prompt)]
+             for name in todo for prompt in args.prompt}
+    ring = GEN / f"smollm2_{args.precision}.edgeattn" / "model.ort.onnx"
+    cells.update({f"edgeattn | ring graph, position {args.position}, window {w}":
+                  ["--one-ring", str(ring), "--position", str(args.position), "--ring", str(w)] for w in args.ring})
+    runs: dict[str, list[float]] = {cell: [] for cell in cells}
     for r in range(args.rounds):
-        names = list(todo) if r % 2 == 0 else list(todo)[::-1]
-        for name in names:
-            out = subprocess.run([sys.executable, __file__, "--one", str(todo[name]), "--prompt", str(args.prompt)], capture_output=True, text=True,
-                                 check=True)
-            runs[name].append(1e3 * json.loads(out.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1}/{args.rounds} {name}: {runs[name][-1]:.3f} ms", file=sys.stderr, flush=True)
-    print(f"| graph ({args.precision}, {args.prompt}-token prompt) | median ms a decode step | rounds |\n|---|---|---|")
-    for name, times in runs.items():
-        print(f"| {name} | {statistics.median(times):.3f} | {', '.join(f'{t:.2f}' for t in times)} |")
-
+        for cell in list(cells) if r % 2 == 0 else list(cells)[::-1]:
+            out = subprocess.run([sys.executable, __file__, *cells[cell]], capture_output=True, text=True, check=True)
+            runs[cell].append(1e3 * json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1}/{args.rounds} {cell}: {runs[cell][-1]:.3f} ms", file=sys.stderr, flush=True)
+    print(f"| graph ({args.precision}) | step | median ms a decode step | rounds |\n|---|---|---|---|")
+    for cell, times in runs.items():
+        print(f"| {cell} | {statistics.median(times):.3f} | {', '.join(f'{t:.2f}' for t in times)} |")
 
 if __name__ == "__main__":
     main()

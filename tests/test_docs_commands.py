@@ -200,6 +200,14 @@ CASES: dict[tuple[str, str], Case] = {
     ("docs/evaluation.md", "edgeattn eval smollm2.edgeattn --task passkey --context 4096 --window 512 --window-max "
                            "4096 --json passkey.json"): Case("slow", smollm2=True, why="1 sample", expect="accuracy",
                                                              subs=(("--json", "--samples 1 --json"),)),
+    ("docs/evaluation.md", "edgeattn export smollm2 --decoder --page 8 --out smollm2-page8.onnx"): Case("slow"),
+    ("docs/evaluation.md", "edgeattn build smollm2-page8.onnx"): Case(
+        "slow", setup="edgeattn export smollm2 --decoder --page 8 --out smollm2-page8.onnx",
+        expect="smollm2-page8.edgeattn"),
+    ("docs/evaluation.md", "edgeattn eval-table smollm2-page8.edgeattn --tasks multikey --contexts 4096 --settings "
+                           "budget --divisors 8 --samples 6 --prompt-form raw --prompt-attention whole --window-max "
+                           "4096 --threads 2 --out benchmarks/results/eval_page8_prompt_whole_smollm2_raw_4k_cpu.json"):
+        skip(BENCH),
     ("docs/evaluation.md", "edgeattn export smollm2 --decoder --page 16 --out smollm2-paged.onnx"): Case("slow"),
     ("docs/evaluation.md", "edgeattn build smollm2-paged.onnx"): Case(
         "slow", setup="edgeattn export smollm2 --decoder --page 16 --out smollm2-paged.onnx",
@@ -230,6 +238,8 @@ CASES: dict[tuple[str, str], Case] = {
                            "--settings budget --divisors 8 --samples 10 --prompt-form raw --prompt-attention whole "
                            "--window-max 4096 --threads 2 --out "
                            "benchmarks/results/eval_prompt_whole_dense2_smollm2_raw_4k_cpu.json"): skip(BENCH),
+    ("docs/generation.md", ".venv/bin/python benchmarks/decode_step_cpu.py --only edgeattn --prompt 32 464 3000 "
+                           "--ring 16 128 512 960 --rounds 6"): skip(BENCH),
     ("docs/evaluation.md", "python benchmarks/page_choice.py --task passkey --context 2048 --samples 50 --divisors "
                            "2,4,8,16 --rules full,window,centre,exact --device cuda --out "
                            "benchmarks/results/page_choice_passkey_2048_grid.json"): skip(GPU),
