@@ -45,17 +45,21 @@ def tiny_decoder(tmp_path_factory):
     return model, tok, onnx_path, bundle.path
 
 
-@pytest.fixture(scope="session")
-def tiny_paged_decoder(tmp_path_factory):
-    """The cpu bundle of tiny_llama() exported with pages of 16 rows (the attention budget's retrieval pages)."""
+def paged_decoder(folder, page: int):
+    """The cpu bundle of tiny_llama() exported with retrieval pages of `page` rows, built in `folder`."""
     from edgeattn.bundle.build import BuildConfig, build
     from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
 
     model, tok = tiny_llama()
-    folder = tmp_path_factory.mktemp("paged_decoder")
-    onnx_path = export_decoder_model(model, tok, folder / "tiny_paged.onnx",
-                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=16))
+    onnx_path = export_decoder_model(model, tok, folder / f"tiny_page{page}.onnx",
+                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=page))
     return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+
+
+@pytest.fixture(scope="session")
+def tiny_paged_decoder(tmp_path_factory):
+    """The cpu bundle of tiny_llama() exported with pages of 16 rows (the attention budget's retrieval pages)."""
+    return paged_decoder(tmp_path_factory.mktemp("paged_decoder"), 16)
 
 
 def bundle_and_torch_logits(model, bundle_path, ids=tuple(range(300, 330)), chunks=((0, 20), (20, 30))):

@@ -46,15 +46,9 @@ def test_a_whole_prompt_says_so_in_the_label_and_the_json(tiny_paged_decoder, ru
 @pytest.fixture(scope="module")
 def page8_decoder(tmp_path_factory):
     """The tiny decoder exported with pages of 8 rows (a page size other than the default 16)."""
-    from decoder_fixtures import WINDOW_MAX, tiny_llama
-    from edgeattn.bundle.build import BuildConfig, build
-    from edgeattn.decoder.export import DecoderExportConfig, export_decoder_model
+    from decoder_fixtures import paged_decoder
 
-    model, tok = tiny_llama()
-    folder = tmp_path_factory.mktemp("page8_decoder")
-    onnx_path = export_decoder_model(model, tok, folder / "tiny_page8.onnx",
-                                     DecoderExportConfig(sinks=SINKS, window_max=WINDOW_MAX, page=8))
-    return build(onnx_path, BuildConfig(target="cpu", seq=(1, 1, 32), dims=(("cache", (8, 52, 52)),))).path
+    return paged_decoder(tmp_path_factory.mktemp("page8_decoder"), 8)
 
 
 def test_a_budget_takes_the_bundles_page_size(page8_decoder, runner, tmp_path):
