@@ -205,8 +205,8 @@ CASES: dict[tuple[str, str], Case] = {
         "slow", setup="edgeattn export smollm2 --decoder --page 8 --out smollm2-page8.onnx",
         expect="smollm2-page8.edgeattn"),
     ("docs/evaluation.md", "edgeattn eval-table smollm2-page8.edgeattn --tasks multikey --contexts 4096 --settings "
-                           "budget --divisors 8 --samples 6 --prompt-form raw --prompt-attention whole --window-max "
-                           "4096 --threads 2 --out benchmarks/results/eval_page8_prompt_whole_smollm2_raw_4k_cpu.json"):
+                           "budget --divisors 8 --samples 50 --prompt-form raw --prompt-attention whole --window-max "
+                           "4096 --threads 2 --out benchmarks/results/eval_page8_prompt_whole_smollm2_raw_4k_50_cpu.json"):
         skip(BENCH),
     ("docs/evaluation.md", "edgeattn export smollm2 --decoder --page 16 --out smollm2-paged.onnx"): Case("slow"),
     ("docs/evaluation.md", "edgeattn build smollm2-paged.onnx"): Case(
