@@ -160,7 +160,6 @@ def run_eval(gen: Generator, config: EvalConfig, *, progress: Progress | None = 
                            seed=config.seed, max_tokens=config.new_tokens, form=config.form)
     results = evaluate(gen, samples, config.setting, config.new_tokens, prefill_chunk=config.prefill_chunk,
                        progress=progress)
-    return EvalResult(config.task, config.context, config.setting,
-                      config.setting.rows(gen.model.layout, config.context, budget_page(gen.model)), config.new_tokens,
-                      config.seed,
+    rows = config.setting.rows(gen.model.layout, config.context, budget_page(gen.model))
+    return EvalResult(config.task, config.context, config.setting, rows, config.new_tokens, config.seed,
                       tuple(results), time.perf_counter() - start, config.form)
