@@ -6,9 +6,10 @@ row count, SmolLM2-135M's shape (random weights), bf16, context 8,192 (a full ri
 Prints, side by side, per batch (64 and 1): the GPU time of the attention alone (graph replays of the op: the
 window's split-K kernel over W = 1,024 rows, against the budget's selection + block-sparse attention + row and
 bounds write over W = 256 and 48 pages of 16, the first path (v1, EDGEATTN_BUDGET_V1=1) and v2 at several split
-counts and scoring blocks), and the whole decode step (30 layers, the linked compile mode, greedy on the device)
+counts and scoring blocks, v2 with the bounds as the engine keeps them (min, max and their sum: the scoring reads
+the sum) and with min and max only), and the whole decode step (30 layers, the linked compile mode, greedy on the device)
 as graph replay time and as tokens/s seen by the host: window, budget v1, budget v2 (its default splits and one
-other). First a correctness check of the CUDA op against the reference op and of the captured budget step against
+other; bounds of 3 vectors a page, and of 2). First a correctness check of the CUDA op against the reference op and of the captured budget step against
 the eager one.
 """
 
@@ -93,6 +94,7 @@ def correctness(smoke):
         q, qs = torch.randn(b, h, d, device=dev, dtype=dt), torch.randn(b, h, d, device=dev, dtype=dt)
         k, v = torch.randn(b, h_kv, d, device=dev, dtype=dt), torch.randn(b, h_kv, d, device=dev, dtype=dt)
         ref = [t.cpu().float() for t in (kc, vc, bounds)]
+        kc_prev, vc_prev, bounds_prev = kc.clone(), vc.clone(), bounds.clone()
         got = torch.ops.edgeattn.ring_decode_budget(q, qs, k, v, kc, vc, bounds, pos, torch.tensor(64, device=dev),
                                                     torch.tensor(pages, device=dev), SINKS, 0.0, 0, PAGE, 32)
         want = torch.ops.edgeattn.ring_decode_budget(*(t.cpu().float() for t in (q, qs, k, v)), *ref, pos.cpu(),
@@ -100,6 +102,13 @@ def correctness(smoke):
         worst[pages] = {"out_max_abs_diff": float((got.float().cpu() - want).abs().max()),
                         "rows_equal": bool(torch.equal(kc.cpu().float(), ref[0])),
                         "bounds_equal": bool(torch.equal(bounds.cpu().float(), ref[2]))}
+        # the same step on a copy of the cache with the sums kept (the engine's bounds): the same output and rows
+        kc3, vc3, b3 = kc_prev.clone(), vc_prev.clone(), with_sums(bounds_prev)
+        got3 = torch.ops.edgeattn.ring_decode_budget(q, qs, k, v, kc3, vc3, b3, pos, torch.tensor(64, device=dev),
+                                                     torch.tensor(pages, device=dev), SINKS, 0.0, 0, PAGE, 32)
+        worst[pages].update(sums_out_equal=bool(torch.equal(got3, got)), sums_rows_equal=bool(torch.equal(kc3, kc)),
+                            sums_bounds_equal=bool(torch.allclose(b3, with_sums(bounds), rtol=0, atol=0,
+                                                                  equal_nan=True)))  # empty pages: inf - inf
         pos = pos + 1
     out["op_vs_reference"] = worst
     print("op", json.dumps(worst), flush=True)
@@ -108,7 +117,7 @@ def correctness(smoke):
     k1, v1 = w.new_cache(3)
     k2, v2 = w.new_cache(3)
     b1 = [torch.zeros(3, 3, 4, 2, 64, device="cuda", dtype=dt) for _ in range(2)]
-    b2 = [torch.zeros(3, 3, 4, 2, 64, device="cuda", dtype=dt) for _ in range(2)]
+    b2 = [torch.zeros(3, 3, 4, 3, 64, device="cuda", dtype=dt) for _ in range(2)]  # the engine's: with the sums
     graph = BudgetGraph(w, k2, v2, b2, batch=3, splits=1, k_max=2, page=16, compile="linked")
     same = 0
     with torch.no_grad():
@@ -118,10 +127,16 @@ def correctness(smoke):
                                  k1, v1, b1, splits=1, k_max=2, page=16).argmax(-1)
             same += int(torch.equal(want, graph(tokens[:, p], p3, 16, 2)))
     kept = page_bounds_np(k2[1].float().cpu().numpy(), (torch.tensor([90, 95, 81])).numpy(), SINKS, 16)
+    kept3 = with_sums(torch.from_numpy(kept).to(dt)).float().numpy()
     out["graph_vs_eager"] = {"steps_equal": same, "of": 90,  # the graph's bounds against its own rows, recomputed
-                             "bounds_equal_recomputed": bool((b2[1].float().cpu().numpy() == kept).all())}
+                             "bounds_equal_recomputed": bool((b2[1].float().cpu().numpy() == kept3).all())}
     print("graph", json.dumps(out["graph_vs_eager"]), flush=True)
     return out
+
+
+def with_sums(bounds):
+    """[..., 2, D] bounds -> [..., 3, D]: min, max and their sum (fp32, rounded once), as the engine keeps them."""
+    return torch.cat([bounds, (bounds[..., :1, :].float() + bounds[..., 1:, :].float()).to(bounds.dtype)], -2)
 
 
 def attention_alone(batch, sms):
@@ -170,7 +185,7 @@ def attention_alone(batch, sms):
            "v2_select_block_p_shipped": select_block(batch * h_kv, CONTEXT // PAGE, sms)}
     # the scoring programs: pages each and warps; the best is kept (bd.SELECT_BLOCKS, bd.SELECT_TUNING) for the run
     select_sweep = {}
-    for bp in (32, 64, 128, 256):
+    for bp in (16, 32, 64, 128, 256):
         for warps in (2, 4):
             bd.SELECT_TUNING.update(num_warps=warps)
             select_sweep[f"block_p{bp}-warps{warps}"] = (bench(lambda: select_pages(
@@ -179,6 +194,13 @@ def attention_alone(batch, sms):
     row["v2_select_ms"] = {name: ms for name, (ms, _, _) in select_sweep.items()}
     row["v2_select_best"] = best
     bd.SELECT_BLOCKS, _ = (select_sweep[best][1],), bd.SELECT_TUNING.update(num_warps=select_sweep[best][2])
+    # the bounds as the engine keeps them (3 vectors a page; the scoring reads the sum): same pages, time
+    bounds3 = with_sums(bounds)
+    args3 = (*args[:6], bounds3, *args[7:])
+    sel3 = select_pages(q[:, :, 0], bounds3, pos, bw, bk, sinks=SINKS, page=PAGE, k_max=64, legacy=False)
+    row["sums_select_same_pages"] = bool(torch.equal(sel2.sort(1).values, sel3.sort(1).values))
+    row["sums_select_ms"] = bench(lambda: select_pages(q[:, :, 0], bounds3, pos, bw, bk, **attn, legacy=False))
+    row["pairs_select_ms"] = bench(lambda: select_pages(q[:, :, 0], bounds, pos, bw, bk, **attn, legacy=False))
     # the v2 attention's tuning: keys a block, warps, stages (a share of each segment a split won an earlier sweep
     # at both batches); the best (at the default splits) is kept in bd.ATTEND_TUNING for the run
     shipped = dict(bd.ATTEND_TUNING)
@@ -202,6 +224,11 @@ def attention_alone(batch, sms):
         row[f"v2_budget_ms_splits{sp}"] = bench(lambda: budget(False, splits=sp))
     row["v2_budget_ms"] = bench(lambda: budget(False))
     row["v2_attend_no_write_ms"] = bench(lambda: budget(False, write=False))
+    out3 = budget_decode(*args3, **attn, splits=s_bud, write=False, legacy=False)
+    row["sums_vs_pairs_out_max_abs_diff"] = float((out3.float() - budget(False, write=False).float()).abs().max())
+    row["sums_budget_ms"] = bench(lambda: budget_decode(*args3, **attn, splits=s_bud, write=True, legacy=False))
+    row["pairs_budget_ms"] = bench(lambda: budget(False))
+    row["sums_over_window"] = row["sums_budget_ms"] / row["window_ms"]
     row["v1_over_window"] = row["v1_budget_ms"] / row["window_ms"]
     row["v2_over_window"] = row["v2_budget_ms"] / row["window_ms"]
     print("attention", json.dumps(row), flush=True)
@@ -218,6 +245,7 @@ def steps(w, batch, sms):
               for _ in range(s.layers)]
     pos = torch.full((batch,), CONTEXT, dtype=torch.int64)
     refresh_pages(keys, bounds, pos.cuda() - s.capacity, s.capacity, sinks=s.sinks, page=PAGE)
+    sums = [with_sums(b) for b in bounds]  # as the engine keeps them (runtime.cuda.budget.BOUND_SLOTS)
     ids = torch.full((batch,), 5, dtype=torch.int64)
     from edgeattn.plugins.kernels.budget_decode import budget_splits
 
@@ -231,18 +259,20 @@ def steps(w, batch, sms):
                  "graph_replay_ms": replay_ms(window.graph), "host_ms_per_step": host_ms(window, ids, pos, WINDOW)})
     del window
     default = budget_splits(batch * s.kv_heads, s.sinks, BUDGET_W, 64, PAGE, sms)
-    runs = [("budget_v1", "1", cached_decode_splits(batch * s.kv_heads, s.sinks, BUDGET_W + 64 * PAGE, sms), "0"),
-            ("budget_v2", "0", default, "1")]
+    runs = [("budget_v1", "1", cached_decode_splits(batch * s.kv_heads, s.sinks, BUDGET_W + 64 * PAGE, sms), "0",
+             bounds),
+            ("budget_v2_pairs", "0", default, "1", bounds), ("budget_v2", "0", default, "1", sums)]
     if batch < 8:
-        runs.append(("budget_v2", "0", default // 2, "1"))
-    for engine, legacy, splits, pdl in runs:
+        runs.append(("budget_v2", "0", default // 2, "1", sums))
+    for engine, legacy, splits, pdl, kept in runs:
         os.environ["EDGEATTN_BUDGET_V1"] = legacy  # read by the op at the warm-up and the capture
         os.environ["EDGEATTN_PDL"] = pdl
         t0 = time.perf_counter()
-        budget = BudgetGraph(w, keys, values, bounds, batch=batch, k_max=64, page=PAGE, compile="linked",
+        budget = BudgetGraph(w, keys, values, kept, batch=batch, k_max=64, page=PAGE, compile="linked",
                              splits=splits)
         budget(ids, pos, BUDGET_W, BUDGET_K)
         rows.append({"engine": engine, "splits": splits, "window": BUDGET_W, "pages": BUDGET_K,
+                     "bound_vectors": kept[0].shape[3],
                      "capture_s": time.perf_counter() - t0, "graph_replay_ms": replay_ms(budget.graph),
                      "host_ms_per_step": host_ms(budget, ids, pos, BUDGET_W, BUDGET_K)})
         del budget
@@ -255,7 +285,7 @@ def steps(w, batch, sms):
             r["tokens_per_s_over_window"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
             r["replay_window_over_budget"] = rows[0]["graph_replay_ms"] / r["graph_replay_ms"]
         print("step", json.dumps(r), flush=True)
-    del keys, values, bounds
+    del keys, values, bounds, sums
     torch.cuda.empty_cache()
     return rows
 
@@ -308,9 +338,11 @@ def main():
         v2_select = r["v2_select_ms"][r["v2_select_best"]]
         print(f"  attention b{r['batch']}: window {r['window_ms']:.4f} ms, budget v1 {r['v1_budget_ms']:.4f} ms "
               f"(select {r['v1_select_ms']:.4f}), v2 {r['v2_budget_ms']:.4f} ms (select "
-              f"{v2_select:.4f}); same pages {r['v2_selects_v1_pages']}")
+              f"{v2_select:.4f}); same pages {r['v2_selects_v1_pages']}; v2 with the sums {r['sums_budget_ms']:.4f} "
+              f"ms (select {r['sums_select_ms']:.4f}) against {r['pairs_budget_ms']:.4f} ({r['pairs_select_ms']:.4f}), "
+              f"same pages {r['sums_select_same_pages']}")
     for r in result.get("steps", []):
-        print(f"  step b{r['batch']} {r['engine']:9s} splits {r['splits']} W {r['window']:5d} k {r['pages']:3d}: "
+        print(f"  step b{r['batch']} {r['engine']:15s} splits {r['splits']} W {r['window']:5d} k {r['pages']:3d}: "
               f"replay {r['graph_replay_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms, {r['tokens_per_s']:.0f} "
               f"tok/s {r.get('tokens_per_s_over_window', '')}")
 

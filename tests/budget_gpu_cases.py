@@ -30,24 +30,40 @@ def filled_pages_error(bounds, k_cache, positions, sinks, page) -> float:
     return float(np.abs(np.where(live, got - want, 0.0)).max())
 
 
+def with_sums(bounds):
+    """[..., 2, D] bounds -> [..., 3, D]: min, max and their sum (fp32, rounded once), as the CUDA engine keeps them."""
+    return torch.cat([bounds, (bounds[..., :1, :].float() + bounds[..., 1:, :].float()).to(bounds.dtype)], -2)
+
+
+def sums_differ(sums, pairs) -> float:
+    """Entries where bounds of 3 vectors a page differ from with_sums(the same bounds of 2) (empty pages: equal)."""
+    want = with_sums(pairs)
+    return float((~((sums == want) | (sums.isnan() & want.isnan()))).sum())
+
+
 def bounds_cases(out: dict) -> None:
-    """Decode writes through two ring wraps, then prefill chunks that overwrite pages partly."""
+    """Decode writes through two ring wraps, then prefill chunks that overwrite pages partly; bounds of 3 vectors a
+    page (the sum kept) written the same way alongside."""
     torch.manual_seed(0)
     b, h_kv, d, sinks, wmax, page = 2, 2, 16, 2, 32, 8
     c = sinks + wmax
     kc, vc = torch.randn(b, h_kv, c, d).to(DT), torch.randn(b, h_kv, c, d).to(DT)  # junk in the empty rows
     bounds = torch.zeros(b, h_kv, wmax // page, 2, d, dtype=DT)
+    kc3, vc3, sums = kc.clone(), vc.clone(), torch.zeros(b, h_kv, wmax // page, 3, d, dtype=DT)
     pos = torch.tensor([0, 7])
-    worst = 0.0
+    worst = differ = 0.0
     for step in range(80):  # stream 1 starts 7 tokens ahead: two wraps, pages rewritten row by row
         k, v = torch.randn(b, h_kv, d).to(DT), torch.randn(b, h_kv, d).to(DT)
         ring_write_bounds(k, v, kc, vc, bounds, pos, sinks=sinks, page=page)
+        ring_write_bounds(k, v, kc3, vc3, sums, pos, sinks=sinks, page=page)
+        differ += sums_differ(sums, bounds)
         slots = RingLayout(sinks, wmax).slots(pos.numpy())
         assert all(torch.equal(kc[i, :, slots[i]], k[i]) and torch.equal(vc[i, :, slots[i]], v[i]) for i in range(b))
         pos = pos + 1
         if step % 7 == 3 or step == 79:
             worst = max(worst, filled_pages_error(bounds, kc, pos, sinks, page))
     out["bounds:decode-writes"] = worst
+    out["sums:decode-writes"] = differ
     worst = 0.0
     for start, count in ((pos.tolist(), 13), ([90, 3], 5), ([95, 8], 40)):  # partial pages, a chunk past the ring
         start = torch.tensor(start)
@@ -62,6 +78,9 @@ def bounds_cases(out: dict) -> None:
     ends = torch.tensor([60, 5])
     refresh_bounds(kc, fresh, ends - c, c, sinks=sinks, page=page)
     out["bounds:refresh-all"] = filled_pages_error(fresh, kc, ends, sinks, page)
+    fresh3 = torch.zeros_like(sums)
+    refresh_bounds(kc, fresh3, ends - c, c, sinks=sinks, page=page)
+    out["sums:refresh-all"] = sums_differ(fresh3, fresh)
 
 
 def decode_cases(out: dict) -> None:
@@ -97,6 +116,10 @@ def decode_cases(out: dict) -> None:
             new = select_pages(*args, **kw, block_p=16, legacy=False).sort(1).values
             old = select_pages(*args, **kw, legacy=True).sort(1).values
             out[f"select:g{group}-k{pages}-same-set"] = float((new != old).sum())
+            args = (q, with_sums(small), *args[2:])  # the sums kept: read instead of min and max, the same pages
+            new3 = select_pages(*args, **kw, block_p=16, legacy=False).sort(1).values
+            old3 = select_pages(*args, **kw, legacy=True).sort(1).values
+            out[f"sums:g{group}-k{pages}-same-set"] = float((new3 != new).sum() + (old3 != old).sum())
 
 
 def write_cases(out: dict) -> None:
@@ -109,14 +132,17 @@ def write_cases(out: dict) -> None:
     kc, vc = torch.randn(b, h_kv, c, d).to(DT), torch.randn(b, h_kv, c, d).to(DT)
     pos = torch.tensor([0, 60])
     bounds = torch.from_numpy(page_bounds_np(kc.numpy(), pos.numpy(), sinks, page)).to(DT)
-    diff = rows = worst = 0.0
+    kc3, vc3, sums = kc.clone(), vc.clone(), with_sums(bounds)
+    diff = rows = worst = differ = 0.0
     for step in range(8):  # stream 0 writes sink rows, stream 1 wraps the ring of 64
         q, qs = torch.randn(b, h_kv * group, d).to(DT), torch.randn(b, h_kv * group, d).to(DT)
         k, v = torch.randn(b, h_kv, d).to(DT), torch.randn(b, h_kv, d).to(DT)
         args = (q, qs, k, v, kc, vc, bounds, pos, torch.tensor(8), torch.tensor(2))
         kw = dict(sinks=sinks, page=page, k_max=2, splits=1 if step % 2 else 4, block_p=16)  # 32 pages: 2 programs
         want = budget_decode(*args, **kw)
+        got3 = budget_decode(q, qs, k, v, kc3, vc3, sums, *args[7:], **kw, write=True)  # the sums kept
         got = budget_decode(*args, **kw, write=True)
+        differ += float((got3 != got).sum()) + sums_differ(sums, bounds)
         diff = max(diff, float((got.double() - want.double()).abs().max()))
         slots = RingLayout(sinks, wmax).slots(pos.numpy())
         rows += sum(not (torch.equal(kc[i, :, slots[i]], k[i]) and torch.equal(vc[i, :, slots[i]], v[i]))
@@ -127,6 +153,7 @@ def write_cases(out: dict) -> None:
     out["write:output-unchanged"] = diff
     out["write:rows-wrong"] = float(rows)
     out["write:bounds"] = worst
+    out["sums:write"] = differ + float((kc3 != kc).sum())
 
 
 def tie_case(out: dict) -> None:

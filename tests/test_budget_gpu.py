@@ -29,11 +29,14 @@ def test_the_kernels_match_the_oracle(budget_kernel_errors):
     bounds recomputed from the rows; the block-sparse decode equals the oracle for k in {0, 1, 3, all}, GQA
     groups 1-3, sinks 0-4, windows below the ring and the whole ring, 1 to 4 splits; ties take the lower page; the
     spread scoring chooses the first path's set; the attention launch's own row + bounds write (1 and 4 splits)
-    leaves its output unchanged and keeps the rows and bounds ring_write_bounds keeps."""
+    leaves its output unchanged and keeps the rows and bounds ring_write_bounds keeps. Bounds that also keep the sum
+    of min and max (the CUDA engine's, read by the selection instead of both) are written to the same min and max
+    with their sum, choose the same pages, and give the same output."""
     e = budget_kernel_errors
     assert {k for k in e if k.startswith("bounds:")} == {"bounds:decode-writes", "bounds:refresh-chunks",
                                                           "bounds:refresh-all"}
-    assert all(e[k] == 0.0 for k in e if k.split(":")[0] in ("bounds", "select", "write")), e
+    assert all(e[k] == 0.0 for k in e if k.split(":")[0] in ("bounds", "select", "write", "sums")), e
+    assert len([k for k in e if k.startswith("sums:")]) == 9, e
     assert {k for k in e if k.startswith("write:")} == {"write:output-unchanged", "write:rows-wrong", "write:bounds"}
     decode = {k: v for k, v in e.items() if k.startswith("decode:")}
     assert len(decode) == 16 and all(v < 2e-3 for v in decode.values()), decode  # fp16 storage of the output
@@ -135,8 +138,9 @@ def test_the_op_at_k_zero_equals_ring_decode():
 
 def test_the_cuda_backend_takes_pages_in_prefill_and_decode():
     """CudaDecoder.step with pages: a prompt chunk and decode steps reading W = 16 and every page equal the whole
-    window while the ring holds the stream (sinks 0); the bounds follow the rows; k = 0 on a cache that keeps
-    bounds gives the window's logits bit for bit; k beyond the ring's pages is refused."""
+    window while the ring holds the stream (sinks 0); the bounds (min, max and their sum, which the selection reads)
+    follow the rows; k = 0 on a cache that keeps bounds gives the window's logits bit for bit; k beyond the ring's
+    pages is refused."""
     from edgeattn.attention.budget import AttentionBudget
     from edgeattn.attention.cached_reference import page_bounds_np
     from edgeattn.errors import ConfigError
@@ -167,7 +171,10 @@ def test_the_cuda_backend_takes_pages_in_prefill_and_decode():
         for layer in range(2):
             want = page_bounds_np(cache.keys[layer].numpy(), cache.positions, 0, 16)
             live = cache.positions > 0
-            assert np.array_equal(cache.bounds[layer].numpy()[live], want[live])
+            kept_bounds = cache.bounds[layer].numpy()[live]
+            assert kept_bounds.shape[-2] == budget.BOUND_SLOTS == 3
+            assert np.array_equal(kept_bounds[..., :2, :], want[live])
+            assert np.array_equal(kept_bounds[..., 2, :], want[live][..., 0, :] + want[live][..., 1, :])
 
 
 # --- on CUDA ----------------------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ choose is still there, the row the new token will overwrite (position t - window
 The CUDA path (v2), two launches a layer:
 1. `_budget_score_kernel`, grid (P / BLOCK_P, B * H_kv): every candidate page (a page with a filled past row at
    distance t - p >= W) is scored max over the group's query heads h of sum_d max(q[h,d] * lo[d], q[h,d] * hi[d])
-   (q rotated at t, no scale) into int32 keys that sort as the scores; the last program of a (stream, KV head)
+   (q rotated at t, no scale; in one product with lo + hi, a vector the bounds keep as their third, or summed from
+   the first two) into int32 keys that sort as the scores; the last program of a (stream, KV head)
    (a counter) lists the k = min(pages, K_MAX) best in page order (`_choose_pages`: the k-th largest key by top-k,
    ties to the lower page; fewer candidates: all of them; the rest of the list is -1). k is a device scalar, like
    the window, so a CUDA graph replays any k up to K_MAX.
@@ -32,6 +33,7 @@ import triton
 import triton.language as tl
 
 from edgeattn.plugins.kernels.cached_decode import INTERPRETER_SMS, PROGRAMS_PER_SM, cached_decode_splits
+from edgeattn.plugins.kernels.budget_bounds import store_bounds
 from edgeattn.plugins.kernels.common import LOG2E, NEG_BIG, decode_step, load_rows
 from edgeattn.plugins.kernels.decode import _windowed_decode_reduce_kernel, merge_splits
 from edgeattn.plugins.kernels.launch import last_dim_contiguous
@@ -61,12 +63,22 @@ def _top_keys(key, P_POW2: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.const
 
 
 @triton.jit
-def _centre_scores(q, lo, hi, IEEE: tl.constexpr):
+def _page_sums(Bounds, b_off, cand, HEAD_DIM: tl.constexpr, SLOTS: tl.constexpr):
+    """lo + hi [BLOCK_P, D] of the pages at b_off (their slot-0 offsets + the dims; non-candidates 0): the stored
+    sum (SLOTS = 3: one vector a page read) or summed here in fp32 from min and max and rounded once to the bounds'
+    dtype (SLOTS = 2), as the reference op does (cached_torch): the same values either way."""
+    if SLOTS == 3:
+        return tl.load(Bounds + b_off + 2 * HEAD_DIM, mask=cand[:, None], other=0.0)
+    lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)
+    hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
+    return (lo.to(tl.float32) + hi.to(tl.float32)).to(lo.dtype)
+
+
+@triton.jit
+def _centre_scores(q, both, IEEE: tl.constexpr):
     """q [BLOCK_M, D] . (lo + hi) [BLOCK_P, D] -> [BLOCK_M, BLOCK_P] fp32: twice each page's score against the centre
-    of its key bounds, in one product. lo + hi is summed in fp32 and rounded once to the bounds' dtype, as the
-    reference op does (cached_torch); two products (q . lo + q . hi) slowed the attention launch that follows by
-    ~7% at batch 64 on the H200."""
-    both = (lo.to(tl.float32) + hi.to(tl.float32)).to(lo.dtype)
+    of its key bounds, in one product (two products, q . lo + q . hi, slowed the attention launch that follows by
+    ~7% at batch 64 on the H200)."""
     if IEEE:
         return tl.dot(q, tl.trans(both), input_precision="ieee")
     return tl.dot(q, tl.trans(both))
@@ -78,9 +90,9 @@ def _budget_select_kernel(
     stride_qb, stride_qh, stride_bb, stride_bh,
     H_kv, GROUP, sinks, wmax, n_pages,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-    P_POW2: tl.constexpr, K_TOP: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr,
+    P_POW2: tl.constexpr, K_TOP: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr, SLOTS: tl.constexpr = 2,
 ):
-    # q: [B, H, D] rotated at t; bounds: [B, H_kv, P, 2, D]; pos: [B] int64; window, pages: [] int64
+    # q: [B, H, D] rotated at t; bounds: [B, H_kv, P, SLOTS, D]; pos: [B] int64; window, pages: [] int64
     # sel: [B * H_kv, K_MAX] int32 out (K_TOP = min(K_MAX, P_POW2) entries can be pages); grid (B * H_kv,)
     pid = tl.program_id(0)
     b = (pid // H_kv).to(tl.int64)
@@ -105,10 +117,9 @@ def _budget_select_kernel(
     for i in tl.static_range(P_POW2 // BLOCK_P):
         page = i * BLOCK_P + tl.arange(0, BLOCK_P)
         cand = ((page - first + n_pages) % n_pages < n_cand) & (page < n_pages)
-        b_off = b_base + page.to(tl.int64)[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-        lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)  # lo, hi: [BLOCK_P, D]
-        hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
-        s = _centre_scores(q, lo, hi, Bounds.dtype.element_ty == tl.float32)  # s: [BLOCK_M, BLOCK_P] fp32
+        b_off = b_base + page.to(tl.int64)[:, None] * (SLOTS * HEAD_DIM) + offs_d[None, :]
+        both = _page_sums(Bounds, b_off, cand, HEAD_DIM, SLOTS)  # [BLOCK_P, D]
+        s = _centre_scores(q, both, Bounds.dtype.element_ty == tl.float32)  # s: [BLOCK_M, BLOCK_P] fp32
         s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
         s = tl.where(cand, s, float("-inf"))
         bits = s.to(tl.int32, bitcast=True)
@@ -263,7 +274,7 @@ def _budget_score_kernel(
     H_kv, GROUP, sinks, wmax, n_pages,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
     P_POW2: tl.constexpr, K_TOP: tl.constexpr, K_MAX: tl.constexpr, HAS_TOPK: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, SLOTS: tl.constexpr = 2,
 ):
     # as _budget_select_kernel, spread: grid (P_POW2 // BLOCK_P, B * H_kv); program i scores pages
     # [i * BLOCK_P, (i + 1) * BLOCK_P) into keys [B * H_kv, P_POW2] int32; the last program of a (stream, kv head)
@@ -289,10 +300,9 @@ def _budget_score_kernel(
                 mask=(r < GROUP)[:, None], other=0.0).to(Bounds.dtype.element_ty)
     page = i * BLOCK_P + tl.arange(0, BLOCK_P)
     cand = ((page - first + n_pages) % n_pages < n_cand) & (page < n_pages)
-    b_off = b * stride_bb + hk * stride_bh + page.to(tl.int64)[:, None] * (2 * HEAD_DIM) + offs_d[None, :]
-    lo = tl.load(Bounds + b_off, mask=cand[:, None], other=0.0)
-    hi = tl.load(Bounds + b_off + HEAD_DIM, mask=cand[:, None], other=0.0)
-    s = _centre_scores(q, lo, hi, Bounds.dtype.element_ty == tl.float32)
+    b_off = b * stride_bb + hk * stride_bh + page.to(tl.int64)[:, None] * (SLOTS * HEAD_DIM) + offs_d[None, :]
+    both = _page_sums(Bounds, b_off, cand, HEAD_DIM, SLOTS)
+    s = _centre_scores(q, both, Bounds.dtype.element_ty == tl.float32)
     s = tl.max(tl.where((r < GROUP)[:, None], s, float("-inf")), 0)
     bits = s.to(tl.int32, bitcast=True)
     key = tl.where(cand, bits ^ ((bits >> 31) & 0x7FFFFFFF), NO_KEY)  # float order as signed int order
@@ -332,7 +342,7 @@ def _sel_blocks(acc, l_i, m_i, q, K, V, Sel, sel_base, kv_base, stride_kn, strid
 
 @triton.jit
 def _write_row_bounds(kn, vn, K, V, Bounds, kv_base, b_base, stride_kn, stride_vn, offs_d, t, sinks, wmax,
-                      HEAD_DIM: tl.constexpr, PAGE: tl.constexpr):
+                      HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SLOTS: tl.constexpr):
     """budget_bounds' decode write from registers: the new row at slot(t), then its page's bounds from the page's
     filled rows (the new one taken from registers). Call once every read of the old row is done."""
     new_row = tl.where(t < sinks, t, sinks + (t - sinks) % wmax)
@@ -347,9 +357,7 @@ def _write_row_bounds(kn, vn, K, V, Bounds, kv_base, b_base, stride_kn, stride_v
         k = tl.where((rows == new_row)[:, None], kn[None, :].to(k.dtype), k).to(tl.float32)
         lo = tl.min(tl.where(filled[:, None], k, float("inf")), 0)
         hi = tl.max(tl.where(filled[:, None], k, float("-inf")), 0)
-        out = Bounds + b_base + page.to(tl.int64) * (2 * HEAD_DIM) + offs_d
-        tl.store(out, lo.to(Bounds.dtype.element_ty))
-        tl.store(out + HEAD_DIM, hi.to(Bounds.dtype.element_ty))
+        store_bounds(Bounds + b_base + page.to(tl.int64) * (SLOTS * HEAD_DIM) + offs_d, lo, hi, HEAD_DIM, SLOTS)
 
 
 @triton.jit
@@ -360,12 +368,12 @@ def _budget_attend_kernel(
     PartO, PartM, PartL, Out, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
     K_MAX: tl.constexpr, SPLITS: tl.constexpr, WRITE: tl.constexpr, USE_PDL: tl.constexpr = False,
-    SPLIT_EACH: tl.constexpr = True,
+    SPLIT_EACH: tl.constexpr = True, SLOTS: tl.constexpr = 2,
 ):
     # _budget_decode_split_kernel with the chosen pages read from sel per block (page order), the partials merged by
     # the last split program of each (stream, kv head) (counter: [>= B * H_kv] int32 zeros, left zeros), and, WRITE,
     # the new row and its page's bounds written by the program that finishes the (stream, kv head) last, after every
-    # read of the row it overwrites (bounds: [B', H_kv, P, 2, D], last two dims contiguous). grid (SPLITS, B * H_kv)
+    # read of the row it overwrites (bounds: [B', H_kv, P, 2 or 3, D], last two dims contiguous). grid (SPLITS, B * H_kv)
     # The split of the blocks is known before the selection (k = min(pages, K_MAX, candidates) pages are chosen), so
     # with USE_PDL (a programmatic dependent of the selection) the sink and window blocks are read while the
     # selection runs, and the program waits for it only before the pages (and before any write of the bounds).
@@ -438,7 +446,7 @@ def _budget_attend_kernel(
         if WRITE:
             tl.debug_barrier()  # every thread's reads of the row done before it is overwritten
             _write_row_bounds(kn, vn, K, V, Bounds, kv_base, b_base, stride_kn, stride_vn, offs_d, t, sinks, wmax,
-                              HEAD_DIM, PAGE)
+                              HEAD_DIM, PAGE, SLOTS)
     else:
         part = (pid_bh.to(tl.int64) * SPLITS + split) * BLOCK_M
         tl.store(PartO + (part + r[:, None]) * HEAD_DIM + offs_d[None, :], acc)
@@ -454,7 +462,7 @@ def _budget_attend_kernel(
                 tl.store(Out + b * stride_ob + (hk * GROUP + g) * stride_oh + offs_d, o.to(Out.dtype.element_ty))
             if WRITE:
                 _write_row_bounds(kn, vn, K, V, Bounds, kv_base, b_base, stride_kn, stride_vn, offs_d, t, sinks,
-                                  wmax, HEAD_DIM, PAGE)
+                                  wmax, HEAD_DIM, PAGE, SLOTS)
             tl.atomic_xchg(Counter + pid_bh, 0, sem="relaxed")
 
 
@@ -543,10 +551,20 @@ def _counter(device, n: int):
     return c
 
 
+def _slots(bounds) -> int:
+    """Vectors a page's bounds hold: 2 (min, max) or 3 (min, max, min + max: the selection reads one), last two dims
+    contiguous."""
+    if bounds.dim() != 5 or bounds.shape[3] not in (2, 3) or bounds.stride(-1) != 1 \
+            or bounds.stride(-2) != bounds.shape[4]:
+        raise ValueError(f"bounds: expected [B, H_kv, P, 2 or 3, D] with its last two dims contiguous, found "
+                         f"{list(bounds.shape)} strides {list(bounds.stride())}")
+    return int(bounds.shape[3])
+
+
 def select_pages(q, bounds, positions, window, pages, *, sinks: int, page: int, k_max: int,
                  block_p: int | None = None, legacy: bool | None = None, pdl: bool = False):
     """The chosen pages of every (stream, kv head): int32 [B * H_kv, K_MAX], the k chosen first (in page order; the
-    legacy path: best first), -1 past the k-th. q: [B, H, D] rotated at t; bounds: [B', H_kv, P, 2, D]; pages: []
+    legacy path: best first), -1 past the k-th. q: [B, H, D] rotated at t; bounds: [B', H_kv, P, 2 or 3, D]; pages: []
     int64 (clamped to K_MAX). block_p: pages a scoring program takes (v2; default select_block). pdl: the next
     launch is a programmatic dependent (budget_decode's attention)."""
     import torch
@@ -559,7 +577,7 @@ def select_pages(q, bounds, positions, window, pages, *, sinks: int, page: int, 
     sel = torch.empty((b * h_kv, k_max), device=q.device, dtype=torch.int32)
     block_m = max(16, triton.next_power_of_2(h // h_kv))
     const = dict(HEAD_DIM=d, PAGE=int(page), BLOCK_M=block_m, P_POW2=p_pow2, K_TOP=min(k_max, p_pow2), K_MAX=k_max,
-                 HAS_TOPK=HAS_TOPK)
+                 HAS_TOPK=HAS_TOPK, SLOTS=_slots(bounds))
     if legacy_path() if legacy is None else legacy:
         _budget_select_kernel[(b * h_kv,)](
             q, bounds, positions, window, pages, sel,
@@ -582,7 +600,7 @@ def budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, 
                   legacy: bool | None = None, pdl: bool | None = None):
     """Attention of one new token per stream under the budget, the cache read as it was before the token.
     q, q_sink: [B, H, D]; k, v: [B, H_kv, D] (the new token); k_cache, v_cache: [B', H_kv, C, D]; bounds:
-    [B', H_kv, P, 2, D]; positions: [B] int64; window, pages: [] int64 on the device; k_max: the largest k this
+    [B', H_kv, P, 2 or 3, D]; positions: [B] int64; window, pages: [] int64 on the device; k_max: the largest k this
     launch serves. Returns [B, H, D]. write: then write each stream's new row and its page's bounds (as
     budget_bounds.ring_write_bounds), in the attention launch itself (v2: by the program that finishes the stream
     and kv head last, after every read of the overwritten row); else writes nothing. Two launches (v2): the
@@ -625,7 +643,7 @@ def budget_decode(q, q_sink, k, v, k_cache, v_cache, bounds, positions, window, 
             h_kv, group, c, int(sinks), float(scale or d ** -0.5),
             part_o, part_m, part_l, out, out.stride(0), out.stride(1),
             HEAD_DIM=d, BLOCK_M=block_m, PAGE=int(page), K_MAX=k_max, SPLITS=n_split, WRITE=bool(write),
-            **ATTEND_TUNING, **({"USE_PDL": True, "launch_pdl": True} if pdl else {}),
+            SLOTS=_slots(bounds), **ATTEND_TUNING, **({"USE_PDL": True, "launch_pdl": True} if pdl else {}),
         )
         return out[:, :, 0]
     _budget_decode_split_kernel[(n_split, b * h_kv)](

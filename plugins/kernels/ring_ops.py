@@ -14,7 +14,7 @@ kv head (0: sized from the ring); other devices run the float reference, so test
 makes it traceable by torch.compile, which keeps the cache writes in place (the op declares them).
 
 `ring_decode_budget` is ring_decode with the attention budget (also the pages [] int64 device scalar, the
-page bounds [B', H_kv, P, 2, D] it keeps, `page` and `k_max`): CUDA runs budget_decode.py's selection and
+page bounds [B', H_kv, P, 2 or 3, D] it keeps, `page` and `k_max`): CUDA runs budget_decode.py's selection and
 block-sparse split-K kernels over the cache as it was before the new token, the attention launch writing the new
 row and its page's bounds once the row it overwrites is read.
 """
@@ -113,13 +113,13 @@ def ring_decode_budget(q: torch.Tensor, q_sink: torch.Tensor, k: torch.Tensor, v
                        k_max: int) -> torch.Tensor:
     """ring_decode with the attention budget (docs/windowed-attention.md): the sinks, the window and the
     `pages` (a [] int64 device scalar, at most k_max) best pages of `page` ring rows by their key bounds
-    (bounds: [B', H_kv, P, 2, D], kept by this op). Attends over the cache as it was before the new token, then
+    (bounds: [B', H_kv, P, 2 or 3, D]: min, max and optionally min + max, kept by this op). Attends over the cache as it was before the new token, then
     writes the new row and recomputes its page's bounds. Reference for non-CUDA devices (float32)."""
     b = q.shape[0]
     k_eff = torch.clamp(pages, max=k_max)
     out = cached_windowed_attention(q[:, :, None].float(), q_sink[:, :, None].float(), k[:, :, None].float(),
                                     v[:, :, None].float(), k_cache[:b].float(), v_cache[:b].float(), positions,
-                                    window, k_eff, bounds[:b].float(), sinks=sinks, scale=scale)
+                                    window, k_eff, bounds[:b, :, :, :2].float(), sinks=sinks, scale=scale)
     _write_rows(k, v, k_cache, v_cache, positions, sinks)
     refresh_bounds_reference(k_cache, bounds, positions, 1, sinks=sinks, page=page)
     return out[:, :, 0].to(q.dtype)
@@ -157,6 +157,8 @@ def refresh_bounds_reference(k_cache, bounds, positions, count: int, *, sinks: i
             rows = k_cache[b, :, sinks + j * page: sinks + min((j + 1) * page, filled)]  # [H_kv, n, D]
             bounds[b, :, j, 0] = rows.amin(dim=1)
             bounds[b, :, j, 1] = rows.amax(dim=1)
+            if bounds.shape[3] == 3:  # the sum the selection reads, from the stored min and max, rounded once
+                bounds[b, :, j, 2] = (bounds[b, :, j, 0].float() + bounds[b, :, j, 1].float()).to(bounds.dtype)
 
 
 def _rows(positions, sinks: int, wmax: int):

@@ -1,8 +1,9 @@
 """The attention budget on the GPU decode engine (docs/windowed-attention.md, "The attention budget").
 
 A query reads the sinks, the recent window W and the k ring pages (of `page` rows) whose key bounds score highest
-for it. The cache keeps, beside its keys and values, per layer the bounds [streams, H_kv, P, 2, D] of every page
-(`attach_bounds`: made from the rows the first time a budget is asked for, then kept by every write). A decode
+for it. The cache keeps, beside its keys and values, per layer the bounds [streams, H_kv, P, 3, D] of every page
+(min, max and their sum, which the selection reads: one vector a page instead of two; `attach_bounds`: made from
+the rows the first time a budget is asked for, then kept by every write). A decode
 step with k > 0 replays a `BudgetGraph`: per layer `torch.ops.edgeattn.ring_decode_budget` chooses the pages on
 the device and attends over the cache as it was before the new token, then writes the row and its page's
 bounds. k is a device scalar like the window: a graph captured for K_MAX (the next power of two >= k) replays
@@ -27,6 +28,7 @@ from edgeattn.runtime.cuda.decode_step import (DecodeGraph, PackedDecoder, _angl
 torch = require("torch", "generation on CUDA")
 
 DEFAULT_PAGE = 16  # rows per page (Quest's)
+BOUND_SLOTS = 3  # a page's bounds: min, max and min + max (the selection's one read a page; 2: summed from min, max)
 
 
 def budget_link(h, o, wo, ln2, wgu, wd, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s, sin_s, *, shape):
@@ -39,7 +41,7 @@ def budget_link(h, o, wo, ln2, wgu, wd, ln1, wqkv, bqkv, qn, kn, cos, sin, cos_s
 def budget_logits(w: PackedDecoder, ids, positions, window, pages, keys, values, bounds, *, splits: int, k_max: int,
                   page: int, first=layer_head, link=budget_link, tail=layer_tail):
     """decode_logits with the attention budget: pages [] int64 (k, at most k_max); bounds: per layer
-    [B', H_kv, P, 2, D]. Writes each stream's new row and its page's bounds; returns logits [B, V]."""
+    [B', H_kv, P, 2 or 3, D]. Writes each stream's new row and its page's bounds; returns logits [B, V]."""
     import edgeattn.plugins.kernels.ring_ops  # noqa: F401  (registers the ops)
 
     F, s, t = torch.nn.functional, w.shape, w.t
@@ -141,14 +143,14 @@ def check_budget(decoder, budget):
 
 # --- the cache's bounds --------------------------------------------------------------------------------------------
 def attach_bounds(cache, weights: PackedDecoder, page: int = DEFAULT_PAGE) -> list | None:
-    """The cache's page bounds (per layer [streams, H_kv, P, 2, D]), made from its rows the first time."""
+    """The cache's page bounds (per layer [streams, H_kv, P, BOUND_SLOTS, D]), made from its rows the first time."""
     if getattr(cache, "bounds", None) is not None:
         return cache.bounds
     s = weights.shape
     page = cache.layout.check_page(page)
     if weights.t.get("kv_scale") is not None:
         raise ConfigError("attention budget: expected a bf16/fp16 cache, found an FP8 cache (no page bounds for it)")
-    size = (cache.streams, s.kv_heads, s.window_max // page, 2, s.head_dim)
+    size = (cache.streams, s.kv_heads, s.window_max // page, BOUND_SLOTS, s.head_dim)
     cache.bounds = [torch.zeros(size, dtype=cache.keys[0].dtype, device=weights.device) for _ in range(s.layers)]
     cache.page = page
     ends = torch.as_tensor(cache.positions, device=weights.device)
@@ -231,8 +233,8 @@ def prefill_logits(w: PackedDecoder, ids, start: int, window: int, pages: int, k
         kc, vc, bc = keys[i][row:row + 1], values[i][row:row + 1], bounds[i][row:row + 1]
         kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, H_kv, S, D]
         o = cached_windowed_attention(q.transpose(0, 1)[None], q_s.transpose(0, 1)[None], kh, vh, kc, vc, first,
-                                      torch.tensor(window, device=dev), torch.tensor(pages, device=dev), bc,
-                                      sinks=s.sinks, scale=s.scale)
+                                      torch.tensor(window, device=dev), torch.tensor(pages, device=dev),
+                                      bc[:, :, :, :2], sinks=s.sinks, scale=s.scale)  # the op's min and max
         kc[0][:, rows] = kh[0].to(kc.dtype)
         vc[0][:, rows] = vh[0].to(vc.dtype)
         if dev.type == "cuda":
