@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from edgeattn.plugins.kernels.budget_bounds import with_sums
 from edgeattn.plugins.kernels.cached_decode import cached_decode, cached_decode_splits
 from edgeattn.runtime.cuda.budget import BudgetGraph, budget_logits, refresh_pages
 from edgeattn.runtime.cuda.decode_step import DecodeGraph, DecoderShape, PackedDecoder
@@ -132,11 +133,6 @@ def correctness(smoke):
                              "bounds_equal_recomputed": bool((b2[1].float().cpu().numpy() == kept3).all())}
     print("graph", json.dumps(out["graph_vs_eager"]), flush=True)
     return out
-
-
-def with_sums(bounds):
-    """[..., 2, D] bounds -> [..., 3, D]: min, max and their sum (fp32, rounded once), as the engine keeps them."""
-    return torch.cat([bounds, (bounds[..., :1, :].float() + bounds[..., 1:, :].float()).to(bounds.dtype)], -2)
 
 
 def attention_alone(batch, sms):

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 from edgeattn.attention.cached_reference import cached_attention_np, page_bounds_np  # noqa: E402
 from edgeattn.attention.ring import RingLayout  # noqa: E402
-from edgeattn.plugins.kernels.budget_bounds import refresh_bounds, ring_write_bounds  # noqa: E402
+from edgeattn.plugins.kernels.budget_bounds import refresh_bounds, ring_write_bounds, with_sums  # noqa: E402
 from edgeattn.plugins.kernels.budget_decode import budget_decode, select_pages  # noqa: E402
 
 DT = torch.float16
@@ -28,11 +28,6 @@ def filled_pages_error(bounds, k_cache, positions, sinks, page) -> float:
     got = bounds.double().numpy()
     live = np.isfinite(want[:, :, :, 0, :1])[..., None, :]  # [B, H_kv, P, 1, 1]: the page holds a filled row
     return float(np.abs(np.where(live, got - want, 0.0)).max())
-
-
-def with_sums(bounds):
-    """[..., 2, D] bounds -> [..., 3, D]: min, max and their sum (fp32, rounded once), as the CUDA engine keeps them."""
-    return torch.cat([bounds, (bounds[..., :1, :].float() + bounds[..., 1:, :].float()).to(bounds.dtype)], -2)
 
 
 def sums_differ(sums, pairs) -> float:

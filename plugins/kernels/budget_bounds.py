@@ -92,6 +92,14 @@ def _check(k_cache, v_cache, bounds, page: int, sinks: int) -> tuple[int, int]:
     return wmax, n_pages
 
 
+def with_sums(bounds):
+    """Bounds of 2 vectors a page [..., 2, D] -> 3 [..., 3, D]: min, max and their sum (fp32, rounded once to the
+    bounds' dtype), what the kernels write when the bounds hold 3 (the CUDA engine's cache)."""
+    import torch
+
+    return torch.cat([bounds, (bounds[..., :1, :].float() + bounds[..., 1:, :].float()).to(bounds.dtype)], -2)
+
+
 def ring_write_bounds(k, v, k_cache, v_cache, bounds, positions, *, sinks: int, page: int) -> None:
     """Write each stream's new row (k, v: [B, H_kv, D], at slot(positions[b])) and recompute its page's bounds.
     k_cache, v_cache: [B', H_kv, C, D] (streams 0..B-1 written); bounds: [B', H_kv, P, 2 or 3, D]; in place."""
@@ -121,4 +129,4 @@ def refresh_bounds(k_cache, bounds, positions, count: int, *, sinks: int, page: 
     )
 
 
-__all__ = ["refresh_bounds", "ring_write_bounds", "store_bounds"]
+__all__ = ["refresh_bounds", "ring_write_bounds", "store_bounds", "with_sums"]
