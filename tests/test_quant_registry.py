@@ -92,6 +92,21 @@ def test_the_cli_takes_its_choices_from_the_registry(registered, runner, tmp_pat
     assert CALLS == ["w8-test"] * 13  # AutoModel adds a pooler, which the exported graph does not use
 
 
+def test_the_help_and_choices_follow_the_registry_after_the_cli_loaded(runner):
+    """The commands read the registry when they run: a config registered after the CLI was imported is listed
+    and accepted, and one removed is neither (the help once kept whatever was registered at import)."""
+    assert "w8-test" not in runner.invoke(cli, ["quantize", "--help"]).output  # the command module is now loaded
+    register_config(W8OnlyConfig)
+    try:
+        assert "w8a8, w4, fp8, w8-test" in " ".join(runner.invoke(cli, ["quantize", "--help"]).output.split())
+        assert "w8-test" in runner.invoke(cli, ["sparsify", "--help"]).output
+    finally:
+        CONFIGS.pop(W8OnlyConfig.name)
+    assert "w8-test" not in runner.invoke(cli, ["quantize", "--help"]).output
+    r = runner.invoke(cli, ["sparsify", "unused-model", "--qat", "w8-test", "--out", "unused"])
+    assert r.exit_code == 2 and "'w8-test' is not one of 'w8a8', 'w4', 'fp8'" in r.output, r.output
+
+
 def test_registration_is_checked():
     with pytest.raises(ConfigError, match="expected a new name for .*Other, found 'w8a8', which W8A8Config has"):
         @register_config

@@ -37,3 +37,33 @@ class DimType(click.ParamType):
             return (name, parse_range(spec, f"--dim {name}"))
         except EdgeAttnError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def _config_names() -> list[str]:
+    from edgeattn.quantize.config import config_names
+    return config_names()
+
+
+class QuantConfigChoice(click.Choice):
+    """One of the quantization configs registered when the command runs (not when it was imported), so a
+    config registered by a plugin after the CLI loaded is accepted and listed."""
+
+    def __init__(self) -> None:
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(_config_names())
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns; the registry is the source
+        pass
+
+
+class QuantConfigOption(click.Option):
+    """--config of `edgeattn quantize`: its help lists the configs registered when the help is shown."""
+
+    def get_help_record(self, ctx):
+        self.help = (f"A registered quantization config: {', '.join(_config_names())} "
+                     "(edgeattn/quantize/configs/ adds more).")
+        return super().get_help_record(ctx)

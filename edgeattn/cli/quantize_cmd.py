@@ -7,13 +7,12 @@ from pathlib import Path
 import click
 
 from edgeattn.cli.progress_display import ProgressDisplay
-from edgeattn.quantize.config import config_names
+from edgeattn.cli.options import QuantConfigOption
 
 
 @click.command()
 @click.option("--model", "model", required=True, help="Hugging Face folder or packaged alias (minilm, smollm2).")
-@click.option("--config", "config_name", required=True,
-              help=f"A registered quantization config: {', '.join(config_names())} (edgeattn/quantize/configs/ adds more).")
+@click.option("--config", "config_name", required=True, cls=QuantConfigOption)
 @click.option("--block-size", type=int, default=None, help="w4 only: 32, 64 or 128 inputs per scale [32].")
 @click.option("--calib", type=click.Path(path_type=Path), default=None,
               help="Text file, one text a line, for calibration and QAT [gensim's lee_background].")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from edgeattn.cli.options import QuantConfigChoice
 from edgeattn.cli.progress_display import ProgressDisplay
-from edgeattn.quantize.config import config_names
 
 
 @click.command()
@@ -34,7 +34,7 @@ from edgeattn.quantize.config import config_names
 @click.option("--seq-len", default=128, show_default=True,
               help="Tokens per fine-tuning window (decoders) or the longest sentence (encoders); decoders "
                    "recover best when fine-tuned at the context length they will run at.")
-@click.option("--qat", type=click.Choice(config_names()),
+@click.option("--qat", type=QuantConfigChoice(),
               help="Then quantization-aware training (edgeattn quantize) with this config, masks kept; exports Q/DQ ONNX.")
 @click.option("--qat-steps", default=100, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="Prune and fine-tune on cpu, cuda or cuda:N.")
